@@ -1,0 +1,41 @@
+"""`python -m fakegpu SUBCOMMAND ...` — each subcommand lives in fakegpu/cli/<name>.py.
+
+Every such module exposes ``main(argv: list[str]) -> int``.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "coordinator": ("fakegpu.cli.coordinator", "run or talk to a coordinator"),
+    "bandwidth": ("fakegpu.cli.bandwidth", "measure collective bandwidth through the shim"),
+    "report": ("fakegpu.cli.report", "check or show a cluster report"),
+    "run": ("fakegpu.cli.run", "launch a command under fakegpu (same as `fgpu`)"),
+    "doctor": ("fakegpu.cli.doctor", "show the environment fgpu would set and check the shim"),
+    "demo": ("fakegpu.cli.demo", "train a small model on 4 CPU ranks over a 2-node topology"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m fakegpu SUBCOMMAND [options]", "", "subcommands:"]
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        lines.append(f"  {name:<12} {help_text}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"fakegpu: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
