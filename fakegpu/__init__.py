@@ -20,6 +20,7 @@ def nccl_library_path() -> str:
         return str(Path(override).resolve())
     here = Path(__file__).resolve().parent
     candidates = [here / "lib" / _LIB_NAME, here.parent / "build" / _LIB_NAME]
+    candidates.extend(_installed_copies())
     for candidate in candidates:
         if candidate.is_file():
             return str(candidate)
@@ -28,3 +29,14 @@ def nccl_library_path() -> str:
         "install the package with `pip install .` or build it with "
         "`cmake -S . -B build && cmake --build build`"
     )
+
+
+def _installed_copies() -> list[Path]:
+    """The shim inside an installed distribution, for when a source tree shadows it on sys.path."""
+    try:
+        from importlib import metadata
+
+        files = metadata.distribution("fakegpu").files or []
+    except Exception:  # not installed
+        return []
+    return [Path(f.locate()).resolve() for f in files if str(f).endswith("lib/" + _LIB_NAME)]
