@@ -1,0 +1,668 @@
+"""Sans-I/O codec for the fakegpu wire protocol, version 1 (docs/protocol.md).
+
+Nothing here touches a socket: messages are plain dataclasses, ``encode_frame`` turns
+one into bytes, ``decode_body`` turns a frame body back into a message, and
+``FrameParser`` cuts an arbitrary byte stream into frames while enforcing the limits a
+receiver must enforce (magic, version, known type, body length). Every violation raises
+``ProtocolError`` with a message that names what was wrong.
+
+The coordinator's hot path does not build these dataclasses for GROUP frames; it reads
+the OpDesc table straight out of the frame body with ``OPDESC_STRUCT``. The dataclasses
+are for tests, the Python client and the byte vectors shared with the C++ shim.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Optional, Sequence, Union
+
+MAGIC = b"FGPU"
+VERSION = 1
+HEADER = struct.Struct("<4sHHII")
+HEADER_SIZE = HEADER.size  # 16
+OPDESC_STRUCT = struct.Struct("<QBBBBiQQQQQQ8sII")
+OPDESC_SIZE = OPDESC_STRUCT.size  # 80
+assert HEADER_SIZE == 16 and OPDESC_SIZE == 80
+
+MAX_STR_BYTES = 0xFFFF
+# Before HELLO the staging size is unknown; nothing legitimate is larger than this.
+PRE_HELLO_MAX_BODY = 64 * 1024
+
+# Message types.
+HELLO = 1
+HELLO_OK = 2
+ERROR = 3
+OK = 4
+COMM_INIT = 10
+COMM_INFO = 11
+COMM_SPLIT = 12
+COMM_FREE = 13
+GROUP = 20
+GROUP_DONE = 21
+SIMULATE = 22
+SIMULATE_DONE = 23
+PING = 30
+PONG = 31
+SHUTDOWN = 32
+
+MESSAGE_NAMES = {
+    HELLO: "HELLO", HELLO_OK: "HELLO_OK", ERROR: "ERROR", OK: "OK",
+    COMM_INIT: "COMM_INIT", COMM_INFO: "COMM_INFO", COMM_SPLIT: "COMM_SPLIT",
+    COMM_FREE: "COMM_FREE", GROUP: "GROUP", GROUP_DONE: "GROUP_DONE",
+    SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE", PING: "PING", PONG: "PONG",
+    SHUTDOWN: "SHUTDOWN",
+}
+CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, GROUP, SIMULATE, PING, SHUTDOWN})
+SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
+
+# HELLO / HELLO_OK flags.
+HELLO_FLAG_SHM = 1
+# GROUP flags.
+GROUP_FLAG_PARTIAL = 1
+# OpDesc flags.
+OP_FLAG_IN_PLACE = 1
+OP_FLAG_FIRST_STEP = 2
+OP_FLAG_LAST_STEP = 4
+
+# ncclResult_t.
+NCCL_SUCCESS = 0
+NCCL_UNHANDLED_CUDA_ERROR = 1
+NCCL_SYSTEM_ERROR = 2
+NCCL_INTERNAL_ERROR = 3
+NCCL_INVALID_ARGUMENT = 4
+NCCL_INVALID_USAGE = 5
+NCCL_REMOTE_ERROR = 6
+NCCL_IN_PROGRESS = 7
+NCCL_TIMEOUT = 8
+RESULT_NAMES = {
+    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+    4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+    8: "ncclTimeout",
+}
+
+# OpDesc kinds.
+KIND_ALLREDUCE = 1
+KIND_BROADCAST = 2
+KIND_REDUCE = 3
+KIND_ALLGATHER = 4
+KIND_REDUCESCATTER = 5
+KIND_ALLTOALL = 6
+KIND_GATHER = 7
+KIND_SCATTER = 8
+KIND_SEND = 9
+KIND_RECV = 10
+KIND_NAMES = {
+    1: "AllReduce", 2: "Broadcast", 3: "Reduce", 4: "AllGather", 5: "ReduceScatter",
+    6: "AlltoAll", 7: "Gather", 8: "Scatter", 9: "Send", 10: "Recv",
+}
+ROOTED_KINDS = frozenset({KIND_BROADCAST, KIND_REDUCE, KIND_GATHER, KIND_SCATTER})
+REDUCING_KINDS = frozenset({KIND_ALLREDUCE, KIND_REDUCE, KIND_REDUCESCATTER})
+P2P_KINDS = frozenset({KIND_SEND, KIND_RECV})
+
+# Reduction operators.
+REDOP_SUM = 0
+REDOP_PROD = 1
+REDOP_MAX = 2
+REDOP_MIN = 3
+REDOP_AVG = 4
+REDOP_PREMULSUM = 5
+REDOP_NAMES = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg", 5: "premulsum"}
+
+# COMM_FREE how.
+FREE_DESTROY = 0
+FREE_ABORT = 1
+FREE_FINALIZE = 2
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that violate the protocol; the connection must be closed."""
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Hello:
+    TYPE: ClassVar[int] = HELLO
+    flags: int = 0
+    global_rank: int = -1
+    local_rank: int = -1
+    world_size: int = -1
+    pid: int = 0
+    staging_bytes: int = 0
+    token: str = ""
+    shm_name: str = ""
+    hostname: str = ""
+
+
+@dataclass(frozen=True)
+class HelloOk:
+    TYPE: ClassVar[int] = HELLO_OK
+    client_id: int
+    flags: int
+    staging_bytes: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Error:
+    TYPE: ClassVar[int] = ERROR
+    result: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Ok:
+    TYPE: ClassVar[int] = OK
+
+
+@dataclass(frozen=True)
+class CommInit:
+    TYPE: ClassVar[int] = COMM_INIT
+    unique_id: bytes
+    nranks: int
+    rank: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class CommInfo:
+    TYPE: ClassVar[int] = COMM_INFO
+    comm_handle: int
+    rank: int
+    global_ranks: tuple = ()
+
+    @property
+    def nranks(self) -> int:
+        return len(self.global_ranks)
+
+
+@dataclass(frozen=True)
+class CommSplit:
+    TYPE: ClassVar[int] = COMM_SPLIT
+    parent_handle: int
+    color: int
+    key: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class CommFree:
+    TYPE: ClassVar[int] = COMM_FREE
+    comm_handle: int
+    how: int = FREE_DESTROY
+
+
+@dataclass(frozen=True)
+class OpDesc:
+    comm_handle: int
+    kind: int
+    datatype: int
+    redop: int = 0
+    flags: int = OP_FLAG_FIRST_STEP | OP_FLAG_LAST_STEP
+    root: int = -1
+    total_count: int = 0
+    step_count: int = 0
+    in_offset: int = 0
+    in_len: int = 0
+    out_offset: int = 0
+    out_len: int = 0
+    scalar: bytes = bytes(8)
+    call_seq: int = 0
+    reserved: int = 0
+
+    def __post_init__(self):
+        # The wire carries the scalar left-aligned in 8 bytes; normalise so equal ops compare equal.
+        scalar = bytes(self.scalar)
+        if len(scalar) < 8:
+            object.__setattr__(self, "scalar", scalar.ljust(8, b"\0"))
+
+    def pack(self) -> bytes:
+        scalar = bytes(self.scalar)
+        if len(scalar) > 8:
+            raise ProtocolError(f"OpDesc scalar is {len(scalar)} bytes; at most 8 fit")
+        return _pack(OPDESC_STRUCT, "OpDesc", self.comm_handle, self.kind, self.datatype,
+                     self.redop, self.flags, self.root, self.total_count, self.step_count,
+                     self.in_offset, self.in_len, self.out_offset, self.out_len,
+                     scalar.ljust(8, b"\0"), self.call_seq, self.reserved)
+
+    @classmethod
+    def unpack_from(cls, buf, offset: int = 0) -> "OpDesc":
+        return cls(*OPDESC_STRUCT.unpack_from(buf, offset))
+
+
+@dataclass(frozen=True)
+class Group:
+    TYPE: ClassVar[int] = GROUP
+    ops: tuple = ()
+    flags: int = 0
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    TYPE: ClassVar[int] = GROUP_DONE
+    results: tuple = ()
+    message: str = ""
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class Simulate:
+    TYPE: ClassVar[int] = SIMULATE
+    ops: tuple = ()
+    flags: int = 0
+
+
+@dataclass(frozen=True)
+class SimulateDone:
+    TYPE: ClassVar[int] = SIMULATE_DONE
+    estimated_time_us: float
+
+
+@dataclass(frozen=True)
+class Ping:
+    TYPE: ClassVar[int] = PING
+
+
+@dataclass(frozen=True)
+class Pong:
+    TYPE: ClassVar[int] = PONG
+    description: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    TYPE: ClassVar[int] = SHUTDOWN
+    token: str = ""
+
+
+Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommFree, Group,
+                GroupDone, Simulate, SimulateDone, Ping, Pong, Shutdown]
+
+# --------------------------------------------------------------------------- encoding
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_HELLO_FIXED = struct.Struct("<IiiiIQ")
+_HELLO_OK = struct.Struct("<IIQI")
+_COMM_INIT_TAIL = struct.Struct("<ii")
+_COMM_INFO_FIXED = struct.Struct("<Qii")
+_COMM_SPLIT_FIXED = struct.Struct("<Qii")
+_COMM_FREE = struct.Struct("<QI")
+_GROUP_PREFIX = struct.Struct("<II")
+_F64 = struct.Struct("<d")
+
+
+def _pack(st: struct.Struct, what: str, *values) -> bytes:
+    try:
+        return st.pack(*values)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode {what}: {exc} (values {values!r})") from None
+
+
+def encode_str(text: str, *, truncate: bool = False) -> bytes:
+    """u16 length + UTF-8. ``truncate`` cuts long diagnostics at a character boundary."""
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_STR_BYTES:
+        if not truncate:
+            raise ProtocolError(f"string of {len(raw)} bytes exceeds the {MAX_STR_BYTES}-byte limit")
+        raw = raw[:MAX_STR_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+def encode_header(msg_type: int, request_id: int, body_len: int) -> bytes:
+    return _pack(HEADER, "frame header", MAGIC, VERSION, msg_type, request_id, body_len)
+
+
+def encode_body(msg: Message) -> bytes:
+    t = msg.TYPE
+    if t == HELLO:
+        return (_pack(_HELLO_FIXED, "HELLO", msg.flags, msg.global_rank, msg.local_rank,
+                      msg.world_size, msg.pid, msg.staging_bytes)
+                + encode_str(msg.token) + encode_str(msg.shm_name) + encode_str(msg.hostname))
+    if t == HELLO_OK:
+        return _pack(_HELLO_OK, "HELLO_OK", msg.client_id, msg.flags, msg.staging_bytes, msg.timeout_ms)
+    if t == ERROR:
+        return _pack(_I32, "ERROR", msg.result) + encode_str(msg.message, truncate=True)
+    if t in (OK, PING):
+        return b""
+    if t == COMM_INIT:
+        uid = bytes(msg.unique_id)
+        if len(uid) != 128:
+            raise ProtocolError(f"COMM_INIT unique_id must be 128 bytes, got {len(uid)}")
+        return uid + _pack(_COMM_INIT_TAIL, "COMM_INIT", msg.nranks, msg.rank) + encode_str(msg.name)
+    if t == COMM_INFO:
+        ranks = tuple(msg.global_ranks)
+        return (_pack(_COMM_INFO_FIXED, "COMM_INFO", msg.comm_handle, msg.rank, len(ranks))
+                + _pack(struct.Struct(f"<{len(ranks)}i"), "COMM_INFO global_ranks", *ranks))
+    if t == COMM_SPLIT:
+        return (_pack(_COMM_SPLIT_FIXED, "COMM_SPLIT", msg.parent_handle, msg.color, msg.key)
+                + encode_str(msg.name))
+    if t == COMM_FREE:
+        return _pack(_COMM_FREE, "COMM_FREE", msg.comm_handle, msg.how)
+    if t == GROUP:
+        return (_pack(_GROUP_PREFIX, "GROUP", len(msg.ops), msg.flags)
+                + b"".join(op.pack() for op in msg.ops) + bytes(msg.payload))
+    if t == GROUP_DONE:
+        res = tuple(msg.results)
+        return (_pack(_U32, "GROUP_DONE", len(res))
+                + _pack(struct.Struct(f"<{len(res)}i"), "GROUP_DONE results", *res)
+                + encode_str(msg.message, truncate=True) + bytes(msg.payload))
+    if t == SIMULATE:
+        return (_pack(_GROUP_PREFIX, "SIMULATE", len(msg.ops), msg.flags)
+                + b"".join(op.pack() for op in msg.ops))
+    if t == SIMULATE_DONE:
+        return _pack(_F64, "SIMULATE_DONE", msg.estimated_time_us)
+    if t == PONG:
+        return encode_str(msg.description, truncate=True)
+    if t == SHUTDOWN:
+        return encode_str(msg.token)
+    raise ProtocolError(f"cannot encode unknown message {msg!r}")
+
+
+def encode_frame(msg: Message, request_id: int = 0) -> bytes:
+    body = encode_body(msg)
+    return encode_header(msg.TYPE, request_id, len(body)) + body
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf, what: str):
+        self.buf = memoryview(buf)
+        self.pos = 0
+        self.what = what
+
+    def need(self, n: int, field_name: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise ProtocolError(
+                f"{self.what} body truncated: {field_name} needs {n} bytes at offset {self.pos}, "
+                f"body has {len(self.buf)}")
+
+    def unpack(self, st: struct.Struct, field_name: str):
+        self.need(st.size, field_name)
+        values = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return values
+
+    def raw(self, n: int, field_name: str) -> bytes:
+        self.need(n, field_name)
+        out = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return out
+
+    def str(self, field_name: str) -> str:
+        (n,) = self.unpack(_U16, field_name + " length")
+        raw = self.raw(n, field_name)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"{self.what} {field_name} is not valid UTF-8: {exc}") from None
+
+    def rest(self) -> bytes:
+        out = bytes(self.buf[self.pos:])
+        self.pos = len(self.buf)
+        return out
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise ProtocolError(
+                f"{self.what} body has {len(self.buf) - self.pos} unexpected trailing bytes "
+                f"(body_len {len(self.buf)}, decoded {self.pos})")
+
+
+def decode_ops(r: _Reader, n_ops: int) -> tuple:
+    r.need(n_ops * OPDESC_SIZE, f"{n_ops} OpDesc")
+    ops = tuple(OpDesc.unpack_from(r.buf, r.pos + i * OPDESC_SIZE) for i in range(n_ops))
+    r.pos += n_ops * OPDESC_SIZE
+    return ops
+
+
+def decode_body(msg_type: int, body) -> Message:
+    """Decode one frame body. Raises ProtocolError naming the problem."""
+    name = MESSAGE_NAMES.get(msg_type)
+    if name is None:
+        raise ProtocolError(f"unknown message type {msg_type}")
+    r = _Reader(body, name)
+    if msg_type == HELLO:
+        flags, g, lr, ws, pid, staging = r.unpack(_HELLO_FIXED, "fixed fields")
+        msg = Hello(flags, g, lr, ws, pid, staging, r.str("token"), r.str("shm_name"), r.str("hostname"))
+    elif msg_type == HELLO_OK:
+        msg = HelloOk(*r.unpack(_HELLO_OK, "fields"))
+    elif msg_type == ERROR:
+        (res,) = r.unpack(_I32, "nccl_result")
+        msg = Error(res, r.str("message"))
+    elif msg_type == OK:
+        msg = Ok()
+    elif msg_type == PING:
+        msg = Ping()
+    elif msg_type == COMM_INIT:
+        uid = r.raw(128, "unique_id")
+        nranks, rank = r.unpack(_COMM_INIT_TAIL, "nranks/rank")
+        msg = CommInit(uid, nranks, rank, r.str("name"))
+    elif msg_type == COMM_INFO:
+        handle, rank, nranks = r.unpack(_COMM_INFO_FIXED, "fixed fields")
+        if nranks < 0:
+            raise ProtocolError(f"COMM_INFO nranks is negative ({nranks})")
+        ranks = r.unpack(struct.Struct(f"<{nranks}i"), "global_ranks")
+        msg = CommInfo(handle, rank, tuple(ranks))
+    elif msg_type == COMM_SPLIT:
+        parent, color, key = r.unpack(_COMM_SPLIT_FIXED, "fixed fields")
+        msg = CommSplit(parent, color, key, r.str("name"))
+    elif msg_type == COMM_FREE:
+        msg = CommFree(*r.unpack(_COMM_FREE, "fields"))
+    elif msg_type in (GROUP, SIMULATE):
+        n_ops, flags = r.unpack(_GROUP_PREFIX, "n_ops/flags")
+        ops = decode_ops(r, n_ops)
+        if msg_type == GROUP:
+            msg = Group(ops, flags, r.rest())
+        else:
+            msg = Simulate(ops, flags)
+    elif msg_type == GROUP_DONE:
+        (n_ops,) = r.unpack(_U32, "n_ops")
+        results = r.unpack(struct.Struct(f"<{n_ops}i"), "results") if n_ops else ()
+        message = r.str("message")
+        msg = GroupDone(tuple(results), message, r.rest())
+    elif msg_type == SIMULATE_DONE:
+        (t,) = r.unpack(_F64, "estimated_time_us")
+        msg = SimulateDone(t)
+    elif msg_type == PONG:
+        msg = Pong(r.str("description"))
+    elif msg_type == SHUTDOWN:
+        msg = Shutdown(r.str("token"))
+    else:  # pragma: no cover - MESSAGE_NAMES and this chain list the same types
+        raise ProtocolError(f"unknown message type {msg_type}")
+    r.done()
+    return msg
+
+
+def decode_frame(data) -> tuple[int, Message]:
+    """Decode exactly one whole frame (header + body). Returns (request_id, message)."""
+    frames = FrameParser(max_body_len=1 << 32).feed(data)
+    if len(frames) != 1:
+        raise ProtocolError(f"expected exactly one frame, found {len(frames)}")
+    f = frames[0]
+    return f.request_id, decode_body(f.msg_type, f.body)
+
+
+# --------------------------------------------------------------------------- stream parser
+
+
+class Frame:
+    """One received frame. ``body`` excludes socket-staged GROUP payload when a payload
+    router placed it directly (``payload_placed``)."""
+
+    __slots__ = ("msg_type", "request_id", "body", "payload_placed")
+
+    def __init__(self, msg_type: int, request_id: int, body: bytes, payload_placed: bool = False):
+        self.msg_type = msg_type
+        self.request_id = request_id
+        self.body = body
+        self.payload_placed = payload_placed
+
+    def __repr__(self) -> str:
+        return (f"Frame({MESSAGE_NAMES.get(self.msg_type, self.msg_type)}, rid={self.request_id}, "
+                f"{len(self.body)} body bytes{', payload placed' if self.payload_placed else ''})")
+
+
+# A payload router gets the GROUP body prefix (n_ops, flags, OpDescs) and returns the
+# writable destinations (memoryviews) for the socket-staged bytes, in op order, or None
+# to receive the payload inside the frame body as usual. It may raise ProtocolError.
+PayloadRouter = Callable[[bytes, int], Optional[Sequence[memoryview]]]
+
+
+class FrameParser:
+    """Incremental frame parser: ``feed(bytes) -> [Frame]``.
+
+    Validates each header as soon as its 16 bytes are in (magic, version, type, body_len
+    against ``max_body_len``), so a hostile peer cannot make us buffer more than one
+    legal frame. ``accepted_types`` restricts the types (a server accepts only
+    client-to-server types). With a ``payload_router`` the socket-staged payload of a
+    GROUP frame is copied straight into the destinations it returns (the connection's
+    staging buffer) instead of being accumulated.
+    """
+
+    def __init__(self, max_body_len: int, accepted_types: Optional[frozenset] = None,
+                 payload_router: Optional[PayloadRouter] = None):
+        self.max_body_len = max_body_len
+        self.accepted_types = accepted_types
+        self.payload_router = payload_router
+        self._buf = bytearray()
+        self._hdr: Optional[tuple] = None  # (type, request_id, body_len)
+        # Direct payload placement state.
+        self._targets: Optional[list] = None
+        self._target_idx = 0
+        self._target_pos = 0
+        self._direct_frame: Optional[Frame] = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def _check_header(self, magic, version, msg_type, body_len) -> None:
+        if magic != MAGIC:
+            raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
+        if version != VERSION:
+            raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
+        if msg_type not in MESSAGE_NAMES:
+            raise ProtocolError(f"unknown message type {msg_type}")
+        if self.accepted_types is not None and msg_type not in self.accepted_types:
+            raise ProtocolError(f"message type {MESSAGE_NAMES[msg_type]} ({msg_type}) is not accepted in this direction")
+        if body_len > self.max_body_len:
+            raise ProtocolError(
+                f"{MESSAGE_NAMES[msg_type]} body_len {body_len} exceeds the limit of {self.max_body_len} bytes")
+
+    def _feed_direct(self, mv: memoryview, pos: int, frames: list) -> int:
+        """Copy payload bytes from mv[pos:] into the targets; return the new position."""
+        targets = self._targets
+        n = len(mv)
+        while pos < n and self._target_idx < len(targets):
+            t = targets[self._target_idx]
+            room = len(t) - self._target_pos
+            take = min(room, n - pos)
+            t[self._target_pos:self._target_pos + take] = mv[pos:pos + take]
+            pos += take
+            self._target_pos += take
+            if self._target_pos == len(t):
+                self._target_idx += 1
+                self._target_pos = 0
+        if self._target_idx >= len(targets):
+            frames.append(self._direct_frame)
+            self._targets = None
+            self._direct_frame = None
+        return pos
+
+    def feed(self, data) -> list:
+        frames: list = []
+        if self._targets is not None:
+            mv = memoryview(data)
+            pos = self._feed_direct(mv, 0, frames)
+            if pos == len(mv):
+                return frames
+            data = mv[pos:]
+        buf = self._buf
+        buf += data
+        pos = 0
+        while True:
+            hdr = self._hdr
+            if hdr is None:
+                if len(buf) - pos < HEADER_SIZE:
+                    break
+                magic, version, msg_type, rid, body_len = HEADER.unpack_from(buf, pos)
+                self._check_header(magic, version, msg_type, body_len)
+                pos += HEADER_SIZE
+                hdr = self._hdr = (msg_type, rid, body_len)
+            msg_type, rid, body_len = hdr
+            avail = len(buf) - pos
+            if msg_type == GROUP and self.payload_router is not None:
+                # Route the payload once the descriptor table is in.
+                if avail < 8:
+                    break
+                n_ops, _flags = _GROUP_PREFIX.unpack_from(buf, pos)
+                desc_end = 8 + n_ops * OPDESC_SIZE
+                if desc_end > body_len:
+                    raise ProtocolError(
+                        f"GROUP declares {n_ops} ops ({desc_end} bytes) but body_len is {body_len}")
+                if avail < desc_end:
+                    break
+                prefix = bytes(buf[pos:pos + desc_end])
+                targets = self.payload_router(prefix, body_len - desc_end)
+                if targets is not None:
+                    pos += desc_end
+                    self._hdr = None
+                    frame = Frame(GROUP, rid, prefix, True)
+                    self._targets = [t for t in targets if len(t)]
+                    self._target_idx = 0
+                    self._target_pos = 0
+                    self._direct_frame = frame
+                    if not self._targets:
+                        frames.append(frame)
+                        self._targets = None
+                        continue
+                    mv = memoryview(buf)
+                    try:
+                        pos = self._feed_direct(mv, pos, frames)
+                    finally:
+                        mv.release()
+                    if self._targets is not None:
+                        break  # all buffered bytes consumed by the payload
+                    continue
+                # Router declined: fall through to whole-body accumulation.
+            if avail < body_len:
+                break
+            body = bytes(buf[pos:pos + body_len])
+            pos += body_len
+            self._hdr = None
+            frames.append(Frame(msg_type, rid, body))
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def group_payload_layout(prefix: bytes, payload_len: int, region_bytes: int) -> list:
+    """(in_offset, in_len) of each op of a socket-staged GROUP body prefix, validated.
+
+    The payload must be exactly the sum of in_len and every input must lie inside the
+    input region ``[0, region_bytes)``; otherwise ProtocolError.
+    """
+    n_ops = _GROUP_PREFIX.unpack_from(prefix, 0)[0]
+    out = []
+    total = 0
+    unpack = OPDESC_STRUCT.unpack_from
+    for i in range(n_ops):
+        d = unpack(prefix, 8 + i * OPDESC_SIZE)
+        off, ln = d[8], d[9]
+        if off + ln > region_bytes:
+            raise ProtocolError(
+                f"GROUP op {i}: input [{off}, {off + ln}) lies outside the {region_bytes}-byte input region")
+        total += ln
+        out.append((off, ln))
+    if total != payload_len:
+        raise ProtocolError(
+            f"GROUP payload is {payload_len} bytes but the ops' in_len add up to {total}")
+    return out
