@@ -1,0 +1,107 @@
+"""The built libnccl.so.2 can stand in for NVIDIA's: SONAME, exported names, version.
+
+torch's libraries NEED libnccl.so.2 and import 51 names from it; a missing one makes
+`import torch` fail under LD_PRELOAD. We also export the whole NCCL 2.30 public API, the
+extra device-API names NVIDIA's library exports, and a pnccl twin of every nccl name.
+
+The library is the one fakegpu.nccl_library_path() finds (FAKEGPU_NCCL_LIBRARY, the
+installed package, or a build/ directory). These tests skip only when no library exists.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import fakegpu
+
+_spec = importlib.util.spec_from_file_location("fakegpu_abi_ncclh", Path(__file__).parent / "abi" / "ncclh.py")
+ncclh = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ncclh)
+
+
+@pytest.fixture(scope="module")
+def library() -> Path:
+    try:
+        return Path(fakegpu.nccl_library_path())
+    except FileNotFoundError as exc:
+        pytest.skip(f"fakegpu's libnccl.so.2 is not built: {exc}")
+
+
+def _readelf(*args: str) -> str:
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    result = subprocess.run(["readelf", "-W", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def dynamic_symbols(library) -> dict[str, tuple[str, str]]:
+    """Defined dynamic symbols: name (with any @version kept) -> (type, binding)."""
+    symbols = {}
+    for line in _readelf("--dyn-syms", str(library)).splitlines():
+        # Num: Value Size Type Bind Vis Ndx Name
+        fields = line.split()
+        if len(fields) < 8 or not fields[0].rstrip(":").isdigit() or fields[6] == "UND":
+            continue
+        symbols[fields[7]] = (fields[3], fields[4])
+    return symbols
+
+
+@pytest.fixture(scope="module")
+def exported_functions(dynamic_symbols) -> set[str]:
+    return {name for name, (kind, bind) in dynamic_symbols.items()
+            if kind in ("FUNC", "IFUNC") and bind in ("GLOBAL", "WEAK")}
+
+
+def test_soname_is_libnccl_so_2(library):
+    dynamic = _readelf("-d", str(library))
+    sonames = re.findall(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", dynamic)
+    assert sonames == ["libnccl.so.2"]
+
+
+def _assert_exported(names, exported, what):
+    missing = sorted(set(names) - exported)
+    assert missing == [], f"{len(missing)} {what} not exported by the shim: {missing}"
+
+
+def test_exports_every_name_torch_imports(exported_functions):
+    _assert_exported(ncclh.read_names(ncclh.TORCH_IMPORTS_FILE), exported_functions,
+                     "names torch 2.14 imports")
+
+
+def test_exports_the_whole_public_api(exported_functions):
+    _assert_exported(ncclh.header_api_functions(), exported_functions, "nccl.h functions")
+
+
+def test_exports_everything_nvidias_library_exports(exported_functions):
+    _assert_exported(ncclh.read_names(ncclh.LIBRARY_EXPORTS_FILE), exported_functions,
+                     "names NVIDIA's libnccl.so.2 exports")
+
+
+def test_exports_a_pnccl_twin_for_every_nccl_name(exported_functions):
+    wanted = set(ncclh.read_names(ncclh.LIBRARY_EXPORTS_FILE)) | set(ncclh.header_api_functions())
+    wanted |= {name for name in exported_functions if name.startswith("nccl")}
+    _assert_exported({"p" + name for name in wanted}, exported_functions, "pnccl twins")
+
+
+def test_exported_symbols_are_unversioned_and_nothing_internal_leaks(dynamic_symbols):
+    versioned = sorted(name for name in dynamic_symbols if "@" in name and re.match(r"p?nccl", name))
+    assert versioned == [], "NCCL symbols must be unversioned, as NVIDIA's are"
+    # Hidden visibility: no C++ internals (mangled names) in the dynamic symbol table.
+    mangled = sorted(name for name in dynamic_symbols if name.startswith("_Z"))
+    assert mangled == [], "C++ symbols leak from the shim (check -fvisibility=hidden)"
+
+
+def test_get_version_reports_2_30_7(library):
+    lib = ctypes.CDLL(str(library))
+    for name in ("ncclGetVersion", "pncclGetVersion"):
+        version = ctypes.c_int(0)
+        assert getattr(lib, name)(ctypes.byref(version)) == 0
+        assert version.value == 23007
