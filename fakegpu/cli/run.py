@@ -1,0 +1,67 @@
+"""`fgpu [options] [--] COMMAND ...` (also `python -m fakegpu run ...`).
+
+Runs COMMAND with the fakegpu shim preloaded and a coordinator behind it, then prints where
+the reports are. `fgpu doctor ...` is forwarded to fakegpu/cli/doctor.py; to run a program that
+is itself called `doctor`, write `fgpu -- doctor`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from fakegpu import launcher
+
+EPILOG = """\
+examples:
+  fgpu -- python train.py
+  fgpu --cluster-config cluster_configs/2x8-h100-ib.yaml -- torchrun --nproc-per-node 4 train.py
+  fgpu --listen 0.0.0.0:29591 --token-file ~/.fakegpu-token -- torchrun --nnodes 2 ...
+  fgpu doctor            check the shim, the environment and the coordinator
+
+The command's exit status is fgpu's exit status (128+N when it died of signal N).
+See docs/usage.md for every option and environment variable."""
+
+
+def build_parser(prog: str = "fgpu") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, usage=f"{prog} [options] [--] COMMAND [ARGS...]",
+        description="Run COMMAND under fakegpu: NCCL calls go to a simulating coordinator.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    launcher.add_launch_options(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "doctor":
+        from fakegpu.cli import doctor
+
+        return doctor.main(argv[1:], prog=f"{prog} doctor")
+    parser = build_parser(prog)
+    ns = parser.parse_args(argv)
+    command = list(ns.command)
+    explicit = bool(command) and command[0] == "--"
+    if explicit:
+        command = command[1:]
+    elif command and command[0].startswith("-"):
+        # argparse hands an unknown option to the command; say so instead of running "-x".
+        parser.error(f"unknown option {command[0]!r} (put the command after `--` if it starts with '-')")
+    if not command:
+        parser.error("no command given")
+    try:
+        cfg = launcher.config_from_args(ns)
+        return launcher.launch(cfg, command)
+    except launcher.LaunchError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def console_main() -> None:
+    """Entry point of the `fgpu` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()
