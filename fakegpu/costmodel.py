@@ -1,0 +1,392 @@
+"""Alpha-beta cost model of NCCL operations on a Topology (pure functions).
+
+Each algorithm is described by the rank-to-rank transfers it makes (bytes per directed
+edge) and its latency term. Time = latency + the busiest resource's bytes / bandwidth,
+where resources are each GPU's node-local port (per direction), each node's network
+(all NICs together, for ring/tree channels spread over the rails) or one NIC (rail) for
+point-to-point style traffic. The same transfers feed the report's per-link and
+per-node-pair byte counts, so the bytes and the times can never disagree.
+Like NCCL's tuner we evaluate every applicable algorithm and keep the fastest.
+The formulas are written out in docs/cost-model.md.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fakegpu.topology import Topology
+
+# Fraction of line rate NCCL's Simple protocol reaches on each fabric, fitted to the
+# published nccl-tests numbers in REFERENCE.md section 7 (see docs/cost-model.md).
+EFFICIENCY = {
+    "nvlink": 0.82,
+    "nvswitch": 0.82,
+    "pcie": 0.80,
+    "shm": 0.80,
+    "infiniband": 0.92,
+    "roce": 0.90,
+    "ethernet": 0.85,
+    "tcp": 0.85,
+}
+# NVLink SHARP allreduce: algbw as a fraction of one GPU's NVLink line rate (fit to 8x H100
+# NVLS busbw ~474 GB/s at 4 GB: algbw = 474 * 8 / 14 = 271 GB/s of 450).
+NVLS_EFFICIENCY = 0.60
+# NVLS pays a fixed set-up cost per call (multicast objects, switch reduction); fitted so
+# small messages prefer ring/tree as they do on real H100 systems.
+NVLS_BASE_LATENCY_S = 25e-6
+
+KINDS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter", "SendRecv")
+_KIND_BY_KEY = {k.lower(): k for k in KINDS}
+_KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", "sendrecv": "SendRecv"})
+
+
+def normalize_kind(kind: str) -> str:
+    """Canonical OpRecord kind for any common spelling ("all_reduce", "AllToAll", "Send")."""
+    key = str(kind).replace("_", "").replace("-", "").lower()
+    try:
+        return _KIND_BY_KEY[key]
+    except KeyError:
+        raise ValueError(f"unknown operation kind {kind!r}; expected one of {', '.join(KINDS)}") from None
+
+
+def is_collective(kind: str) -> bool:
+    return normalize_kind(kind) != "SendRecv"
+
+
+# -- nccl-tests conventions (REFERENCE.md section 4) ------------------------------------
+def logical_bytes(kind: str, count: int, elem_size: int, n: int) -> int:
+    """S, the payload size nccl-tests divides by time to get algbw."""
+    kind = normalize_kind(kind)
+    if kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"):
+        return count * elem_size * n
+    return count * elem_size
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    kind = normalize_kind(kind)
+    if n <= 1:
+        return 1.0 if kind in ("Broadcast", "Reduce", "SendRecv") else 0.0
+    if kind == "AllReduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw_gbs(nbytes: float, seconds: float) -> float:
+    """nccl-tests algbw in GB/s (1e9 bytes/s); 0 when no time was modeled."""
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def busbw_gbs(kind: str, nbytes: float, seconds: float, n: int) -> float:
+    return algbw_gbs(nbytes, seconds) * busbw_factor(kind, n)
+
+
+# -- result -----------------------------------------------------------------------------
+@dataclass
+class Estimate:
+    kind: str
+    algorithm: str
+    seconds: float
+    latency_s: float
+    bandwidth_s: float
+    logical_bytes: int
+    nranks: int
+    # bytes per directed (src global rank, dst global rank) transfer
+    transfers: dict[tuple[int, int], int] = field(default_factory=dict)
+    # bytes per directed (src node index, dst node index); src == dst is node-local traffic
+    node_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    candidates: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def algbw_gbs(self) -> float:
+        return algbw_gbs(self.logical_bytes, self.seconds)
+
+    @property
+    def busbw_gbs(self) -> float:
+        return busbw_gbs(self.kind, self.logical_bytes, self.seconds, self.nranks)
+
+    @property
+    def intra_node_bytes(self) -> int:
+        return sum(b for (s, d), b in self.node_bytes.items() if s == d)
+
+    @property
+    def inter_node_bytes(self) -> int:
+        return sum(b for (s, d), b in self.node_bytes.items() if s != d)
+
+
+@dataclass
+class _Plan:
+    """One algorithm's transfers and latency before timing."""
+    algorithm: str
+    edges: dict[tuple[int, int], float]
+    latency_s: float
+    spread: bool = True          # inter-node edges share all NICs (ring/tree channels) vs own rail
+    rounds: int = 0              # >0: store-and-forward rounds (binomial tree), not pipelined
+    intra_eff: Optional[float] = None   # overrides the fabric efficiency (NVLS)
+
+
+# -- the model ----------------------------------------------------------------------------
+def estimate_seconds(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
+                     root: int, peer: int, topology: "Topology") -> float:
+    """Modeled seconds of one operation (the API the coordinator calls)."""
+    return estimate(kind, count, elem_size, global_ranks, root, peer, topology).seconds
+
+
+def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
+             root: int, peer: int, topology: "Topology") -> Estimate:
+    """Fastest algorithm's time and its per-transfer bytes for one operation.
+
+    ``root`` and ``peer`` are ranks in the communicator (index into ``global_ranks``):
+    the root of rooted collectives, or sender (root) and receiver (peer) of a SendRecv.
+    """
+    kind = normalize_kind(kind)
+    members = [int(r) for r in global_ranks]
+    n = len(members)
+    if n == 0:
+        raise ValueError("an operation needs at least one rank")
+    if count < 0 or elem_size <= 0:
+        raise ValueError(f"invalid count {count} / element size {elem_size}")
+    for r in members:
+        topology.node_of(r)  # raises a clear error for a rank the topology does not place
+    size = logical_bytes(kind, count, elem_size, n)
+    plans = _plans(kind, count * elem_size, members, root, peer, topology)
+    if not plans or count == 0:
+        return Estimate(kind, "local", 0.0, 0.0, 0.0, size, n)
+
+    best: Optional[tuple[float, float, _Plan]] = None
+    candidates: dict[str, float] = {}
+    for plan in plans:
+        bw_time = _bandwidth_time(plan, topology)
+        total = plan.latency_s + bw_time
+        candidates[plan.algorithm] = total
+        if best is None or total < best[0]:
+            best = (total, bw_time, plan)
+    assert best is not None
+    total, bw_time, plan = best
+    transfers = {edge: int(round(b)) for edge, b in plan.edges.items() if b > 0}
+    node_bytes: dict[tuple[int, int], int] = defaultdict(int)
+    for (a, b), nbytes in transfers.items():
+        node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
+    return Estimate(kind, plan.algorithm, total, plan.latency_s, bw_time, size, n,
+                    transfers, dict(node_bytes), candidates)
+
+
+def _eff(fabric_type: str) -> float:
+    return EFFICIENCY.get(fabric_type, 0.85)
+
+
+def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
+    intra_eff = plan.intra_eff if plan.intra_eff is not None else _eff(topo.intra_node.type)
+    inter_eff = _eff(topo.inter_node.type)
+    load: dict[tuple, float] = defaultdict(float)
+    capacity: dict[tuple, float] = {}
+    for (a, b), nbytes in plan.edges.items():
+        if nbytes <= 0 or a == b:
+            continue
+        na, nb = topo.node_of(a), topo.node_of(b)
+        if na == nb:
+            ends = ((("port_out", a), topo.gpu_port_bytes_per_s(a) * intra_eff),
+                    (("port_in", b), topo.gpu_port_bytes_per_s(b) * intra_eff))
+        elif plan.spread:
+            ends = ((("net_out", na), topo.node_network_bytes_per_s(na) * inter_eff),
+                    (("net_in", nb), topo.node_network_bytes_per_s(nb) * inter_eff))
+        else:
+            ra = topo.local_index(a) % topo.nodes[na].nics
+            rb = topo.local_index(b) % topo.nodes[nb].nics
+            ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff),
+                    (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff))
+        for key, cap in ends:
+            load[key] += nbytes
+            capacity[key] = cap
+    if not load:
+        return 0.0
+    if plan.rounds:
+        # Store-and-forward tree: every round moves the whole payload over its slowest link.
+        per_round = max(plan.edges.values())
+        return plan.rounds * per_round / min(capacity.values())
+    return max(load[key] / capacity[key] for key in load)
+
+
+def _alpha(topo: "Topology", a: int, b: int) -> float:
+    return topo.link(a, b).latency_s
+
+
+def _max_alpha(topo: "Topology", edges) -> float:
+    return max((_alpha(topo, a, b) for a, b in edges if a != b), default=0.0)
+
+
+def _ring_order(members: list[int], topo: "Topology") -> list[int]:
+    """Members ordered node by node, GPU slot by slot, as NCCL's topology search lays rings."""
+    return sorted(members, key=lambda r: (topo.node_of(r), topo.local_index(r)))
+
+
+def _ring_edges(order: list[int]) -> list[tuple[int, int]]:
+    n = len(order)
+    return [(order[i], order[(i + 1) % n]) for i in range(n)]
+
+
+def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer: int,
+           topo: "Topology") -> list[_Plan]:
+    n = len(members)
+    c = float(nbytes_per_rank)   # count * elem_size
+    if kind == "SendRecv":
+        src, dst = members[root], members[peer]
+        if src == dst:
+            return []
+        return [_Plan("direct", {(src, dst): c}, _alpha(topo, src, dst), spread=False)]
+    if n == 1:
+        return []
+    order = _ring_order(members, topo)
+    ring = _ring_edges(order)
+    ring_alpha = _max_alpha(topo, ring)
+    plans: list[_Plan] = []
+
+    if kind == "AllReduce":
+        per_edge = 2.0 * (n - 1) / n * c
+        plans.append(_Plan("ring", {e: per_edge for e in ring}, 2 * (n - 1) * ring_alpha))
+        if n > 2:
+            plans.append(_double_binary_tree(order, c, topo))
+        hier = _hierarchical(order, c, topo)
+        if hier is not None:
+            plans.append(hier)
+        plans.extend(_nvls(order, c, topo))
+    elif kind in ("AllGather", "ReduceScatter"):
+        per_edge = (n - 1) * c   # (n-1)/n of the total n*c
+        plans.append(_Plan("ring", {e: per_edge for e in ring}, (n - 1) * ring_alpha))
+    elif kind in ("Broadcast", "Reduce"):
+        root_g = members[root]
+        start = order.index(root_g)
+        chain = order[start:] + order[:start]
+        links = [(chain[i], chain[i + 1]) for i in range(n - 1)]
+        if kind == "Reduce":
+            links = [(b, a) for a, b in links]
+        latency = sum(_alpha(topo, a, b) for a, b in links)
+        plans.append(_Plan("ring", {e: c for e in links}, latency))
+        tree_links, rounds = _binomial(chain)
+        if kind == "Reduce":
+            tree_links = [(b, a) for a, b in tree_links]
+        plans.append(_Plan("tree", {e: c for e in tree_links}, rounds * _max_alpha(topo, tree_links),
+                           rounds=rounds))
+    elif kind == "AlltoAll":
+        edges = {(a, b): c for a in members for b in members if a != b}
+        plans.append(_Plan("pairwise", edges, (n - 1) * _max_alpha(topo, edges), spread=False))
+    elif kind in ("Gather", "Scatter"):
+        root_g = members[root]
+        others = [r for r in members if r != root_g]
+        if kind == "Gather":
+            edges = {(r, root_g): c for r in others}
+        else:
+            edges = {(root_g, r): c for r in others}
+        plans.append(_Plan("direct", edges, _max_alpha(topo, edges), spread=False))
+    return plans
+
+
+def _add(edges: dict, a: int, b: int, nbytes: float) -> None:
+    edges[(a, b)] = edges.get((a, b), 0.0) + nbytes
+
+
+def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
+    """Two complementary binary trees, each reducing then broadcasting half the payload."""
+    n = len(order)
+    edges: dict[tuple[int, int], float] = {}
+    for shift in (0, 1):
+        ranks = order[shift:] + order[:shift]
+        for i in range(1, n):
+            child, parent = ranks[i], ranks[(i - 1) // 2]
+            _add(edges, child, parent, c / 2)   # reduce up
+            _add(edges, parent, child, c / 2)   # broadcast down
+    depth = int(math.floor(math.log2(n)))
+    return _Plan("tree", edges, 2 * depth * _max_alpha(topo, edges))
+
+
+def _binomial(chain: list[int]) -> tuple[list[tuple[int, int]], int]:
+    n = len(chain)
+    links = []
+    rounds = 0
+    span = 1
+    while span < n:
+        for i in range(span):
+            if i + span < n:
+                links.append((chain[i], chain[i + span]))
+        span *= 2
+        rounds += 1
+    return links, rounds
+
+
+def _uniform_nodes(order: list[int], topo: "Topology") -> Optional[list[list[int]]]:
+    """Members grouped per node, or None if nodes hold different numbers of members."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for r in order:
+        groups[topo.node_of(r)].append(r)
+    per_node = list(groups.values())
+    if len(per_node) < 2 or len({len(g) for g in per_node}) != 1:
+        return None
+    return per_node
+
+
+def _hierarchical(order: list[int], c: float, topo: "Topology") -> Optional[_Plan]:
+    """Reduce-scatter inside each node, allreduce each 1/g shard across nodes on its rail,
+    allgather inside the node; the stages are pipelined, so the slowest one sets the pace."""
+    groups = _uniform_nodes(order, topo)
+    if groups is None:
+        return None
+    g, nn = len(groups[0]), len(groups)
+    if g < 2:
+        return None
+    edges: dict[tuple[int, int], float] = {}
+    for members in groups:
+        for a, b in _ring_edges(members):
+            _add(edges, a, b, 2.0 * (g - 1) / g * c)
+    for j in range(g):
+        rail = [members[j] for members in groups]
+        for a, b in _ring_edges(rail):
+            _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
+    a_intra = topo.intra_node.latency_us * 1e-6
+    a_inter = topo.inter_node.latency_us * 1e-6
+    return _Plan("hierarchical", edges, 2 * (g - 1) * a_intra + 2 * (nn - 1) * a_inter, spread=False)
+
+
+def _nvls_capable(order: list[int], topo: "Topology") -> bool:
+    return topo.intra_node.type in ("nvlink", "nvswitch") and all(topo.gpu_of(r).nvls for r in order)
+
+
+def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
+    """NVLink SHARP: the switch reduces, so each GPU pushes and pulls the payload about once.
+
+    Modeled with an effective port rate (NVLS_EFFICIENCY) instead of the per-fabric
+    efficiency; single node ("nvls") or NVLS inside nodes plus rails between them ("nvls_tree").
+    """
+    if len(order) < 3 or not _nvls_capable(order, topo):
+        return []
+    a_intra = topo.intra_node.latency_us * 1e-6
+    groups = _uniform_nodes(order, topo)
+    if topo.node_of(order[0]) == topo.node_of(order[-1]):
+        groups_local = [order]
+    elif groups is not None:
+        groups_local = groups
+    else:
+        return []
+    edges: dict[tuple[int, int], float] = {}
+    for members in groups_local:
+        g = len(members)
+        if g < 2:
+            return []
+        for a in members:
+            for b in members:
+                if a != b:
+                    # pairwise S/(g-1) so each port carries S in each direction
+                    _add(edges, a, b, c / (g - 1))
+    if len(groups_local) == 1:
+        return [_Plan("nvls", edges, NVLS_BASE_LATENCY_S + 2 * a_intra, intra_eff=NVLS_EFFICIENCY)]
+    g, nn = len(groups_local[0]), len(groups_local)
+    for j in range(g):
+        rail = [members[j] for members in groups_local]
+        for a, b in _ring_edges(rail):
+            _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
+    a_inter = topo.inter_node.latency_us * 1e-6
+    return [_Plan("nvls_tree", edges, NVLS_BASE_LATENCY_S + 2 * a_intra + 2 * (nn - 1) * a_inter, spread=False,
+                  intra_eff=NVLS_EFFICIENCY)]

@@ -1,0 +1,239 @@
+"""Read a cluster YAML into a Topology, with errors that name file, field path and line.
+
+PyYAML's plain loader forgets where values came from, so we compose the node graph
+ourselves and record the line of every value under its field path (``nodes[1].ranks[0]``).
+Schema errors (jsonschema) and semantic errors are both reported against those paths.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Union
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from .model import Fabric, Node, Topology
+from .profiles import PROFILES, canonical_profile_name, get_profile
+from .schema import CLUSTER_CONFIG_SCHEMA
+
+SUPPORTED_VERSION = 1
+PathT = tuple[Union[str, int], ...]
+
+
+def format_path(path: PathT) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<document>"
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    file: str
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.path}: {self.message}"
+
+
+class ClusterConfigError(ValueError):
+    """A cluster YAML that cannot be used; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: list[ConfigIssue]):
+        self.issues = issues
+        head = f"invalid cluster config {issues[0].file}" if issues else "invalid cluster config"
+        super().__init__(head + ":\n" + "\n".join(f"  {i}" for i in issues))
+
+
+class _Document:
+    """Plain Python data composed from YAML plus the line of every field path."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.lines: dict[PathT, int] = {}
+        self.issues: list[ConfigIssue] = []
+        self._scalars = yaml.SafeLoader("")
+
+    def line_of(self, path: PathT) -> int:
+        # A missing field has no line of its own: use the nearest enclosing one.
+        while path not in self.lines and path:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+    def issue(self, path: PathT, message: str) -> None:
+        self.issues.append(ConfigIssue(self.source, format_path(path), self.line_of(path), message))
+
+    def build(self, node: yaml.Node, path: PathT) -> Any:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._scalars.construct_object(key_node, deep=True)
+                if not isinstance(key, str):
+                    key = str(key)
+                if key in out:
+                    self.lines[path + (key,)] = key_node.start_mark.line + 1
+                    self.issue(path + (key,), f"duplicate key {key!r}")
+                    continue
+                out[key] = self.build(value_node, path + (key,))
+                # Point at the key's line: for block values the value starts on the next one.
+                self.lines[path + (key,)] = key_node.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        return self._scalars.construct_object(node, deep=True)
+
+
+def load_cluster_config(path: Union[str, os.PathLike]) -> Topology:
+    """Parse and validate the cluster YAML at ``path``; raises ClusterConfigError."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 0, f"cannot read file: {exc.strerror or exc}")]) from None
+    return parse_cluster_config(text, source)
+
+
+def parse_cluster_config(text: str, source: str = "<string>") -> Topology:
+    doc = _Document(source)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ClusterConfigError([ConfigIssue(source, "<document>", line, f"YAML syntax error: {exc.problem}")]) from None
+    if root is None:
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 1, "the file is empty")])
+    data = doc.build(root, ())
+    if doc.issues:
+        raise ClusterConfigError(doc.issues)
+
+    _check_schema(doc, data)
+    if doc.issues:
+        raise ClusterConfigError(doc.issues)
+    _check_semantics(doc, data)
+    if doc.issues:
+        raise ClusterConfigError(doc.issues)
+    return _to_topology(data, source)
+
+
+def _check_schema(doc: _Document, data: Any) -> None:
+    validator = Draft202012Validator(CLUSTER_CONFIG_SCHEMA)
+    for error in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = tuple(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = set(error.schema.get("properties", {}))
+            for key in error.instance:
+                if key not in allowed:
+                    doc.issue(path + (key,), f"unknown field {key!r} (allowed: {', '.join(sorted(allowed))})")
+            continue
+        if error.validator == "required":
+            doc.issue(path, error.message.replace("is a required property", "is required"))
+            continue
+        doc.issue(path, _friendly(error))
+
+
+def _friendly(error) -> str:
+    """jsonschema's wording, rephrased for the common cases a person writes by hand."""
+    v = error.validator
+    if v == "exclusiveMinimum":
+        return f"must be greater than {error.validator_value}, got {error.instance!r}"
+    if v == "minimum":
+        return f"must be at least {error.validator_value}, got {error.instance!r}"
+    if v == "type":
+        return f"must be of type {error.validator_value}, got {error.instance!r}"
+    if v == "enum":
+        return f"must be one of {', '.join(map(str, error.validator_value))}, got {error.instance!r}"
+    if v == "minItems":
+        return f"must list at least {error.validator_value} item(s)"
+    return error.message
+
+
+def _check_semantics(doc: _Document, data: dict) -> None:
+    if data["version"] != SUPPORTED_VERSION:
+        doc.issue(("version",), f"unsupported version {data['version']}; this fakegpu reads version {SUPPORTED_VERSION}")
+
+    seen_ids: dict[str, int] = {}
+    owner: dict[int, tuple[int, int]] = {}
+    for i, node in enumerate(data["nodes"]):
+        if node["id"] in seen_ids:
+            doc.issue(("nodes", i, "id"), f"node id {node['id']!r} is already used by nodes[{seen_ids[node['id']]}]")
+        else:
+            seen_ids[node["id"]] = i
+        if len(node["gpus"]) != len(node["ranks"]):
+            doc.issue(
+                ("nodes", i, "gpus"),
+                f"node {node['id']!r} lists {len(node['ranks'])} ranks but {len(node['gpus'])} gpus; "
+                "each rank needs exactly one gpu entry",
+            )
+        for j, gpu in enumerate(node["gpus"]):
+            if canonical_profile_name(gpu["profile"]) is None:
+                doc.issue(
+                    ("nodes", i, "gpus", j, "profile"),
+                    f"unknown GPU profile {gpu['profile']!r}; known profiles: {', '.join(sorted(PROFILES))}",
+                )
+        for j, rank in enumerate(node["ranks"]):
+            if rank in owner:
+                oi, oj = owner[rank]
+                doc.issue(("nodes", i, "ranks", j), f"rank {rank} is already assigned at nodes[{oi}].ranks[{oj}]")
+            else:
+                owner[rank] = (i, j)
+
+    if owner:
+        world = len(owner)
+        missing = sorted(set(range(world)) - set(owner))
+        if missing:
+            beyond = sorted(r for r in owner if r >= world)
+            doc.issue(
+                ("nodes",),
+                f"ranks must be contiguous from 0 to {world - 1}: missing {_short(missing)}"
+                f" (found {_short(beyond)} instead)",
+            )
+
+    if len(data["nodes"]) > 1 and "inter_node" not in data["fabric"]:
+        doc.issue(("fabric",), "fabric.inter_node is required when the cluster has more than one node")
+
+
+def _short(values: list[int]) -> str:
+    return ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
+
+
+def _fabric(spec: dict) -> Fabric:
+    return Fabric(
+        type=spec["type"],
+        bandwidth_gbps=float(spec["bandwidth_gbps"]),
+        latency_us=float(spec["latency_us"]),
+        oversubscription=float(spec.get("oversubscription", 1.0)),
+    )
+
+
+def _to_topology(data: dict, source: str) -> Topology:
+    nodes = tuple(
+        Node(
+            id=n["id"],
+            host=n.get("host", n["id"]),
+            ranks=tuple(n["ranks"]),
+            gpus=tuple(get_profile(g["profile"]) for g in n["gpus"]),
+            nics=int(n.get("nics", 1)),
+            nic_bandwidth_gbps=float(n["nic_bandwidth_gbps"]) if "nic_bandwidth_gbps" in n else None,
+        )
+        for n in data["nodes"]
+    )
+    fabric = data["fabric"]
+    inter = _fabric(fabric["inter_node"]) if "inter_node" in fabric else Fabric("infiniband", 400.0, 5.0, 1.0)
+    cluster = data.get("cluster", {})
+    return Topology(
+        name=cluster.get("name", os.path.splitext(os.path.basename(source))[0]),
+        nodes=nodes,
+        intra_node=_fabric(fabric["intra_node"]),
+        inter_node=inter,
+        default_backend=cluster.get("default_backend", "nccl"),
+        source=os.path.abspath(source) if source != "<string>" else None,
+    )

@@ -1,0 +1,180 @@
+"""The in-memory cluster topology: which node each global rank lives on, and the links.
+
+Units: fabric bandwidths are given in the YAML as ``bandwidth_gbps`` = gigabits per
+second per direction (network convention: a 400G NIC is 400). Methods ending in
+``_bytes_per_s`` convert to bytes/s so the cost model never juggles units.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .profiles import GpuProfile, get_profile
+
+INTRA_NODE_TYPES = ("nvlink", "nvswitch", "pcie", "shm")
+INTER_NODE_TYPES = ("infiniband", "roce", "ethernet", "tcp")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    type: str
+    bandwidth_gbps: float       # Gbit/s per direction (per NIC for the inter-node fabric)
+    latency_us: float
+    oversubscription: float = 1.0
+
+    def to_dict(self) -> dict:
+        return {
+            "type": self.type,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "latency_us": self.latency_us,
+            "oversubscription": self.oversubscription,
+        }
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    host: str
+    ranks: tuple[int, ...]
+    gpus: tuple[GpuProfile, ...]
+    nics: int = 1                           # network adapters (rails) on this node
+    nic_bandwidth_gbps: Optional[float] = None   # overrides fabric.inter_node.bandwidth_gbps
+
+    def to_dict(self, inter: Fabric) -> dict:
+        return {
+            "id": self.id,
+            "host": self.host,
+            "ranks": list(self.ranks),
+            "gpus": [g.name for g in self.gpus],
+            "nics": self.nics,
+            "nic_bandwidth_gbps": self.nic_bandwidth_gbps or inter.bandwidth_gbps,
+        }
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """Raw (line-rate) parameters of the path between two ranks."""
+    scope: str                  # "self" | "intra_node" | "inter_node"
+    type: str                   # fabric type
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass
+class Topology:
+    name: str
+    nodes: tuple[Node, ...]
+    intra_node: Fabric
+    inter_node: Fabric
+    default_backend: str = "nccl"
+    source: Optional[str] = None            # YAML path, None when built in code
+    is_default: bool = False                # True when derived from the world size alone
+    _rank_node: dict[int, int] = field(default_factory=dict, repr=False)
+    _rank_local: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for index, node in enumerate(self.nodes):
+            for local, rank in enumerate(node.ranks):
+                self._rank_node[rank] = index
+                self._rank_local[rank] = local
+
+    # -- rank placement -------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self._rank_node)
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+    def _check_rank(self, rank: int) -> None:
+        if rank not in self._rank_node:
+            where = f"cluster config {self.source}" if self.source else "the default topology"
+            raise ValueError(
+                f"global rank {rank} is not placed by {where} (world size {self.world_size})"
+            )
+
+    def node_of(self, rank: int) -> int:
+        """Index (into ``nodes``) of the node holding ``rank``."""
+        self._check_rank(rank)
+        return self._rank_node[rank]
+
+    def node_id_of(self, rank: int) -> str:
+        return self.nodes[self.node_of(rank)].id
+
+    def local_index(self, rank: int) -> int:
+        """Position of ``rank`` within its node (GPU slot, and the rail it uses)."""
+        self._check_rank(rank)
+        return self._rank_local[rank]
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of(a) == self.node_of(b)
+
+    def gpu_of(self, rank: int) -> GpuProfile:
+        return self.nodes[self.node_of(rank)].gpus[self.local_index(rank)]
+
+    # -- bandwidths -----------------------------------------------------------------
+    def gpu_port_bytes_per_s(self, rank: int) -> float:
+        """Line rate at which ``rank`` can send to (or receive from) node-local peers."""
+        fabric = self.intra_node.bandwidth_gbps * 1e9 / 8
+        cap = self.gpu_of(rank).intra_node_cap_gbs(self.intra_node.type) * 1e9
+        return min(fabric, cap)
+
+    def nic_bytes_per_s(self, node_index: int) -> float:
+        """One NIC's line rate on the node, after the fabric's oversubscription."""
+        node = self.nodes[node_index]
+        gbps = node.nic_bandwidth_gbps or self.inter_node.bandwidth_gbps
+        return gbps * 1e9 / 8 / self.inter_node.oversubscription
+
+    def node_network_bytes_per_s(self, node_index: int) -> float:
+        """All of a node's NICs together (what collectives spread over, one channel per rail)."""
+        return self.nic_bytes_per_s(node_index) * self.nodes[node_index].nics
+
+    def link(self, a: int, b: int) -> LinkParams:
+        """Line-rate parameters of the path from global rank ``a`` to global rank ``b``."""
+        if a == b:
+            self._check_rank(a)
+            return LinkParams("self", "local", float("inf"), 0.0)
+        na, nb = self.node_of(a), self.node_of(b)
+        if na == nb:
+            bw = min(self.gpu_port_bytes_per_s(a), self.gpu_port_bytes_per_s(b))
+            return LinkParams("intra_node", self.intra_node.type, bw, self.intra_node.latency_us * 1e-6)
+        bw = min(self.nic_bytes_per_s(na), self.nic_bytes_per_s(nb))
+        return LinkParams("inter_node", self.inter_node.type, bw, self.inter_node.latency_us * 1e-6)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "is_default": self.is_default,
+            "default_backend": self.default_backend,
+            "world_size": self.world_size,
+            "node_count": self.node_count,
+            "nodes": [n.to_dict(self.inter_node) for n in self.nodes],
+            "fabric": {
+                "intra_node": self.intra_node.to_dict(),
+                "inter_node": self.inter_node.to_dict(),
+            },
+        }
+
+
+DEFAULT_PROFILE = "h100"
+
+
+def default_topology(world_size: int, profile: str = DEFAULT_PROFILE) -> Topology:
+    """One node holding every rank, H100 SXM GPUs on NVLink: used when no YAML is given.
+
+    The report flags it (``topology.is_default``) so nobody mistakes its numbers for a
+    model of their cluster.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    gpu = get_profile(profile)
+    node = Node("node0", "localhost", tuple(range(world_size)), tuple([gpu] * world_size))
+    return Topology(
+        name=f"default-1x{world_size}-{gpu.name}",
+        nodes=(node,),
+        intra_node=Fabric("nvlink", 3600.0, 1.0, 1.0),
+        inter_node=Fabric("infiniband", 400.0, 5.0, 1.0),
+        is_default=True,
+    )

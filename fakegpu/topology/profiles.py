@@ -1,0 +1,87 @@
+"""Catalogue of GPU profiles a cluster YAML may name.
+
+A profile caps what the cost model lets a GPU move inside its node: over NVLink when
+the intra-node fabric is NVLink and every GPU on the path has a switched NVLink port,
+otherwise over PCIe. Bandwidths are per direction, in GB/s (1e9 bytes/s), from the
+vendors' published data sheets; memory is the marketed capacity in GB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str                       # canonical catalogue key, e.g. "h100"
+    description: str
+    memory_gb: float                # marketed capacity
+    nvlink_gbs: Optional[float]     # per direction, through an NVSwitch; None = no switched NVLink
+    pcie_gbs: float                 # per direction, x16 at the card's PCIe generation
+    nvls: bool = False              # NVLink SHARP (in-switch reduction) available
+
+    def intra_node_cap_gbs(self, fabric_type: str) -> float:
+        """Most this GPU can push to a node-local peer on the given fabric type."""
+        if fabric_type in ("nvlink", "nvswitch") and self.nvlink_gbs:
+            return self.nvlink_gbs
+        return self.pcie_gbs
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "memory_gb": self.memory_gb,
+            "nvlink_gbs": self.nvlink_gbs,
+            "pcie_gbs": self.pcie_gbs,
+            "nvls": self.nvls,
+        }
+
+
+# PCIe x16 per-direction line rates: Gen4 ~32 GB/s, Gen5 ~64 GB/s.
+# NVLink per direction: NVLink3 (A100) 300, NVLink4 (H100/H200) 450, NVLink5 (B200) 900.
+_CATALOGUE = [
+    GpuProfile("a100", "NVIDIA A100 SXM4 40GB (NVLink3)", 40, 300.0, 32.0),
+    GpuProfile("a100-80gb", "NVIDIA A100 SXM4 80GB (NVLink3)", 80, 300.0, 32.0),
+    GpuProfile("h100", "NVIDIA H100 SXM5 80GB (NVLink4)", 80, 450.0, 64.0, nvls=True),
+    # The PCIe card's NVLink bridge joins two cards only, so the model treats it as PCIe.
+    GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, None, 64.0),
+    GpuProfile("h200", "NVIDIA H200 SXM 141GB (NVLink4)", 141, 450.0, 64.0, nvls=True),
+    GpuProfile("b200", "NVIDIA B200 192GB (NVLink5)", 192, 900.0, 64.0, nvls=True),
+    GpuProfile("l40s", "NVIDIA L40S 48GB (PCIe only)", 48, None, 32.0),
+    GpuProfile("rtx4090", "NVIDIA GeForce RTX 4090 24GB (PCIe only)", 24, None, 32.0),
+    # The 3090 Ti's NVLink bridge is a two-card link, not switched; PCIe in the model.
+    GpuProfile("rtx3090ti", "NVIDIA GeForce RTX 3090 Ti 24GB", 24, None, 32.0),
+    GpuProfile("rtx-pro-5000-blackwell", "NVIDIA RTX PRO 5000 Blackwell 48GB (PCIe Gen5)", 48, None, 64.0),
+]
+
+PROFILES: dict[str, GpuProfile] = {p.name: p for p in _CATALOGUE}
+
+# Spellings users write that mean a catalogue entry.
+_ALIASES = {
+    "a100-40gb": "a100",
+    "a100-sxm": "a100",
+    "a100-80g": "a100-80gb",
+    "h100-sxm": "h100",
+    "h100-80gb": "h100",
+    "h200-sxm": "h200",
+    "rtx-4090": "rtx4090",
+    "rtx-3090-ti": "rtx3090ti",
+    "rtx3090-ti": "rtx3090ti",
+    "rtx-pro-5000": "rtx-pro-5000-blackwell",
+    "rtxpro5000": "rtx-pro-5000-blackwell",
+}
+
+
+def canonical_profile_name(name: str) -> Optional[str]:
+    """The catalogue key for ``name`` (case and '_'/' ' insensitive), or None if unknown."""
+    key = str(name).strip().lower().replace("_", "-").replace(" ", "-")
+    if key in PROFILES:
+        return key
+    return _ALIASES.get(key)
+
+
+def get_profile(name: str) -> GpuProfile:
+    canonical = canonical_profile_name(name)
+    if canonical is None:
+        raise KeyError(f"unknown GPU profile {name!r}; known: {', '.join(sorted(PROFILES))}")
+    return PROFILES[canonical]
