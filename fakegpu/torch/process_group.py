@@ -1,0 +1,620 @@
+"""``FakeGpuProcessGroup``: a torch.distributed process group for CPU tensors whose bytes go
+through fakegpu's ``libnccl.so.2`` shim (via :mod:`fakegpu.nccl`) to the coordinator.
+
+So a CPU job takes the very same shim + coordinator path, and gets the same exact results,
+timing model and report, as a GPU job that loads the shim in place of NCCL.
+
+Design notes
+- torch's C++ ``Backend`` cannot be subclassed from Python; a Python ``dist.ProcessGroup``
+  subclass can, and torch then uses it as the group itself.  C++ callers (DDP's reducer,
+  functional collectives) reach the methods the pybind trampoline forwards; Python callers
+  (``dist.*``) reach any method by name.
+- Every NCCL call on the shim completes before it returns, so collectives run synchronously
+  and return finished Work objects.  Point-to-point calls are queued and issued together,
+  as one NCCL group, when a result is first needed or any other operation comes: ranks that
+  post ``isend`` before ``irecv`` (``batch_isend_irecv`` on a Python group issues them one
+  by one) would otherwise block each other.
+- NCCL wants contiguous buffers; non-contiguous tensors are copied to a contiguous buffer
+  and, for outputs, copied back.
+- The communicator is created once the group knows its name and description (torch sets
+  both right after construction), so the report can label traffic by group ("default_pg",
+  "mesh_dp", "mesh_tp", ...).  A group used before that creates it on first use.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Iterable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
+
+from ._types import Buffer, Reduction, buffer_of, reduction_of
+from .work import FakeGpuWork, done
+
+BACKEND_NAME = "fakegpu"
+_UID_KEY = "fakegpu/unique_id"
+
+_library_lock = threading.Lock()
+_library: Optional[Nccl] = None
+# How many communicators this process created per group name: torchrun's agent store outlives
+# destroy_process_group(), so a re-created group with the same name needs a fresh store key.
+_generations: dict[str, int] = {}
+
+
+def library() -> Nccl:
+    """The shim, loaded once per process (``FAKEGPU_NCCL_LIBRARY`` overrides where from)."""
+    global _library
+    with _library_lock:
+        if _library is None:
+            _library = Nccl()
+        return _library
+
+
+def _as_error(what: str, group: str, exc: BaseException) -> BaseException:
+    backend_error = getattr(dist, "DistBackendError", RuntimeError)
+    return backend_error(f"fakegpu: {what} on process group {group!r} failed: {exc}")
+
+
+class _Contiguous:
+    """A contiguous stand-in for a tensor; ``commit()`` copies results back if it was a copy."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if tensor.device.type != "cpu":
+            raise ValueError(f"fakegpu's torch backend works on CPU tensors, got one on {tensor.device}")
+        self.tensor = tensor
+        self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if self.buffer.is_complex():
+            self.buffer = torch.view_as_real(self.buffer)
+
+    def commit(self) -> None:
+        if self.buffer.data_ptr() != self.tensor.data_ptr():
+            source = torch.view_as_complex(self.buffer) if self.tensor.is_complex() else self.buffer
+            self.tensor.copy_(source)
+
+
+def _flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+class FakeGpuProcessGroup(dist.ProcessGroup):
+    """A process group whose collectives run through the fakegpu NCCL shim."""
+
+    def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None, *,
+                 comm: Optional[Comm] = None, group_name: str = "", group_desc: str = ""):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._comm = comm
+        self._group_name = group_name
+        self._group_desc = group_desc
+        self._lock = threading.RLock()
+        self._pending_p2p: list[tuple[str, _Contiguous, int, FakeGpuWork]] = []
+        self._split_count = 0
+        self._closed = False
+
+    # -- identity (forwarded from C++ by the trampoline) --------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - C++ name
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+        self._maybe_connect_early()
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+        self._maybe_connect_early()
+
+    @property
+    def comm_name(self) -> str:
+        """The communicator name the coordinator sees: the group's description when torch gave
+        one ("default_pg", "mesh_tp"), else its name."""
+        if self._group_desc and self._group_desc != "undefined":
+            return self._group_desc
+        return f"group_{self._group_name}" if self._group_name else "fakegpu_group"
+
+    def __repr__(self) -> str:
+        return (f"<FakeGpuProcessGroup {self.comm_name!r} rank {self.rank()}/{self.size()}"
+                f"{'' if self._comm else ' (not connected)'}>")
+
+    # -- communicator ----------------------------------------------------------------------------
+    def _maybe_connect_early(self) -> None:
+        if (self._comm is None and self._group_name and self._group_desc
+                and os.environ.get("FAKEGPU_TORCH_EAGER_INIT", "1") != "0"):
+            self._connect()
+
+    def _connect(self) -> Comm:
+        with self._lock:
+            if self._comm is not None:
+                return self._comm
+            if self._closed:
+                raise RuntimeError(f"fakegpu: process group {self.comm_name!r} was shut down")
+            nccl = library()
+            generation = _generations.get(self._group_name, 0)
+            _generations[self._group_name] = generation + 1
+            key = f"{_UID_KEY}/{generation}"
+            if self.rank() == 0:
+                uid = nccl.get_unique_id()
+                self._store.set(key, uid)
+            else:
+                uid = bytes(self._store.get(key))
+            try:
+                self._comm = nccl.comm_init_rank(self.size(), uid, self.rank(), name=self.comm_name)
+            except NcclError as exc:
+                raise _as_error("communicator init", self.comm_name, exc) from exc
+            return self._comm
+
+    @property
+    def comm(self) -> Comm:
+        return self._comm if self._comm is not None else self._connect()
+
+    def _run(self, what: str, body, *, grouped: bool = False) -> None:
+        """Run ``body(comm)`` (inside an NCCL group if ``grouped``), after any queued p2p."""
+        self._flush_p2p()
+        comm = self.comm
+        try:
+            with library().group() if grouped else nullcontext():
+                body(comm)
+        except NcclError as exc:
+            raise _as_error(what, self.comm_name, exc) from exc
+
+    def _reduce_op(self, comm: Comm, reduction: Reduction, dtype) -> tuple[int, Optional[int]]:
+        """(op code, op to destroy afterwards) for ``reduction``."""
+        if reduction.premul_factor is None:
+            return int(reduction.op), None
+        op = comm.create_premul_sum(reduction.premul_factor, dtype)
+        return op, op
+
+    # -- all-reduce ---------------------------------------------------------------------------
+    def _all_reduce_into(self, comm: Comm, tensors: Iterable[_Contiguous], reduce_op) -> None:
+        for item in tensors:
+            buf = buffer_of(item.buffer, reducing=True)
+            op, temp = self._reduce_op(comm, reduction_of(reduce_op, item.tensor.dtype), buf.dtype)
+            try:
+                comm.all_reduce(item.buffer, item.buffer, buf.count, buf.dtype, op)
+            finally:
+                if temp is not None:
+                    comm.destroy_op(temp)
+
+    def allreduce(self, tensors, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        items = [_Contiguous(t) for t in tensors]
+        self._run("allreduce", lambda comm: self._all_reduce_into(comm, items, reduce_op),
+                  grouped=len(items) > 1)
+        for item in items:
+            item.commit()
+        return done(list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        items = [_Contiguous(t) for t in tensors]
+        self._run("allreduce_coalesced",
+                  lambda comm: self._all_reduce_into(comm, items, reduce_op), grouped=True)
+        for item in items:
+            item.commit()
+        return done(list(tensors))
+
+    # -- broadcast / reduce -------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        root_tensor = opts.rootTensor if opts is not None else 0
+        item = _Contiguous(tensors[root_tensor])
+
+        def body(comm):
+            buf = buffer_of(item.buffer, reducing=False)
+            comm.broadcast(item.buffer, item.buffer, buf.count, buf.dtype, root)
+
+        self._run("broadcast", body)
+        item.commit()
+        return done(list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        item = _Contiguous(tensors[opts.rootTensor if opts is not None else 0])
+
+        def body(comm):
+            buf = buffer_of(item.buffer, reducing=True)
+            op, temp = self._reduce_op(comm, reduction_of(reduce_op, item.tensor.dtype), buf.dtype)
+            try:
+                comm.reduce(item.buffer, item.buffer, buf.count, buf.dtype, op, root)
+            finally:
+                if temp is not None:
+                    comm.destroy_op(temp)
+
+        self._run("reduce", body)
+        if self.rank() == root:
+            item.commit()
+        return done(list(tensors))
+
+    # -- all-gather -----------------------------------------------------------------------------
+    def _gather_blocks(self, comm: Comm, output: torch.Tensor, input_: _Contiguous) -> None:
+        """All-gather ``input_`` into the flat contiguous ``output`` (size * input elements)."""
+        buf = buffer_of(input_.buffer, reducing=False)
+        comm.all_gather(input_.buffer, output, buf.count, buf.dtype)
+
+    def _allgather_list(self, comm: Comm, outputs: list[torch.Tensor], input_: _Contiguous,
+                        staging: list[torch.Tensor]) -> None:
+        sizes = {t.numel() for t in outputs} | {input_.tensor.numel()}
+        if len(sizes) == 1 and all(t.dtype == input_.tensor.dtype for t in outputs):
+            flat = torch.empty(self.size() * input_.tensor.numel(), dtype=input_.tensor.dtype)
+            view = torch.view_as_real(flat) if flat.is_complex() else flat
+            self._gather_blocks(comm, view, input_)
+            staging.append(flat)
+            return
+        # Uneven blocks: one broadcast per rank, all in one NCCL group.
+        for peer, out in enumerate(outputs):
+            block = _Contiguous(out)
+            source = input_.buffer if peer == self.rank() else block.buffer
+            buf = buffer_of(block.buffer, reducing=False)
+            comm.broadcast(source, block.buffer, buf.count, buf.dtype, peer)
+            staging.append(block)
+
+    @staticmethod
+    def _scatter_staging(outputs: list[torch.Tensor], staged) -> None:
+        if isinstance(staged, _Contiguous):
+            staged.commit()
+            return
+        offset = 0
+        for out in outputs:
+            n = out.numel()
+            out.copy_(staged[offset:offset + n].view(out.shape))
+            offset += n
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._check_lists("allgather", output_tensors, input_tensors)
+        inputs = [_Contiguous(t) for t in input_tensors]
+        staged: list[list] = [[] for _ in inputs]
+
+        def body(comm):
+            for outs, inp, stage in zip(output_tensors, inputs, staged):
+                self._allgather_list(comm, outs, inp, stage)
+
+        self._run("allgather", body, grouped=len(inputs) > 1 or self._uneven(output_tensors))
+        for outs, stage in zip(output_tensors, staged):
+            if len(stage) == 1 and not isinstance(stage[0], _Contiguous):
+                self._scatter_staging(outs, stage[0])
+            else:
+                for block in stage:
+                    block.commit()
+        return done([t for outs in output_tensors for t in outs])
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        return self.allgather(output_lists, input_tensors, opts)
+
+    @staticmethod
+    def _uneven(output_lists) -> bool:
+        return any(len({t.numel() for t in outs}) > 1 for outs in output_lists)
+
+    def _check_lists(self, what: str, output_lists, inputs) -> None:
+        if len(output_lists) != len(inputs):
+            raise ValueError(f"fakegpu {what}: {len(output_lists)} output lists for {len(inputs)} inputs")
+        for outs in output_lists:
+            if len(outs) != self.size():
+                raise ValueError(f"fakegpu {what}: an output list has {len(outs)} tensors, "
+                                 f"the group has {self.size()} ranks")
+
+    def _allgather_single(self, what: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+        items = []
+        for output, input_ in pairs:
+            if output.numel() != input_.numel() * self.size():
+                raise ValueError(f"fakegpu {what}: output has {output.numel()} elements, expected "
+                                 f"{self.size()} x {input_.numel()}")
+            items.append((_Contiguous(output), _Contiguous(input_)))
+
+        def body(comm):
+            for out, inp in items:
+                self._gather_blocks(comm, out.buffer, inp)
+
+        self._run(what, body, grouped=len(items) > 1)
+        for out, _ in items:
+            out.commit()
+        return done([out for out, _ in pairs])
+
+    def _allgather_base(self, output, input_, opts=None):
+        return self._allgather_single("_allgather_base", [(output, input_)])
+
+    def all_gather_single(self, output, input_, opts=None):
+        return self._allgather_single("all_gather_single", [(output, input_)])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_single("allgather_into_tensor_coalesced", list(zip(outputs, inputs)))
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_single("all_gather_single_coalesced", list(zip(outputs, inputs)))
+
+    # -- reduce-scatter ---------------------------------------------------------------------------
+    def _reduce_scatter_pairs(self, what: str, pairs, reduce_op):
+        items = []
+        for output, input_ in pairs:
+            if input_.numel() != output.numel() * self.size():
+                raise ValueError(f"fakegpu {what}: input has {input_.numel()} elements, expected "
+                                 f"{self.size()} x {output.numel()}")
+            items.append((_Contiguous(output), _Contiguous(input_)))
+
+        def body(comm):
+            for out, inp in items:
+                buf = buffer_of(out.buffer, reducing=True)
+                op, temp = self._reduce_op(comm, reduction_of(reduce_op, out.tensor.dtype), buf.dtype)
+                try:
+                    comm.reduce_scatter(inp.buffer, out.buffer, buf.count, buf.dtype, op)
+                finally:
+                    if temp is not None:
+                        comm.destroy_op(temp)
+
+        self._run(what, body, grouped=len(items) > 1)
+        for out, _ in items:
+            out.commit()
+        return done([out for out, _ in pairs])
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        self._check_lists("reduce_scatter", input_lists, output_tensors)
+        pairs = [(out, _flat_cat(blocks).to(out.dtype)) for out, blocks in zip(output_tensors, input_lists)]
+        return self._reduce_scatter_pairs("reduce_scatter", pairs, reduce_op)
+
+    def _reduce_scatter_base(self, output, input_, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_scatter_pairs("_reduce_scatter_base", [(output, input_)], reduce_op)
+
+    def reduce_scatter_single(self, output, input_, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_scatter_pairs("reduce_scatter_single", [(output, input_)], reduce_op)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_scatter_pairs("reduce_scatter_tensor_coalesced",
+                                          list(zip(outputs, inputs)), reduce_op)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_scatter_pairs("reduce_scatter_single_coalesced",
+                                          list(zip(outputs, inputs)), reduce_op)
+
+    # -- all-to-all --------------------------------------------------------------------------------
+    def _exchange(self, comm: Comm, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> None:
+        """Block j of ``sends`` goes to rank j, block j of ``recvs`` comes from rank j
+        (contiguous flat views); the caller wraps this in an NCCL group."""
+        me = self.rank()
+        for peer in range(self.size()):
+            send, recv = sends[peer], recvs[peer]
+            if peer == me:
+                recv.copy_(send)
+                continue
+            if send.numel():
+                buf = buffer_of(send, reducing=False)
+                comm.send(send, buf.count, buf.dtype, peer)
+            if recv.numel():
+                buf = buffer_of(recv, reducing=False)
+                comm.recv(recv, buf.count, buf.dtype, peer)
+
+    @staticmethod
+    def _split_rows(flat: torch.Tensor, shape, splits: list[int]) -> list[torch.Tensor]:
+        row = 1
+        for dim in shape[1:]:
+            row *= dim
+        blocks, offset = [], 0
+        for rows in splits:
+            blocks.append(flat[offset:offset + rows * row])
+            offset += rows * row
+        return blocks
+
+    def _all_to_all_single(self, what, output, input_, output_splits, input_splits):
+        n = self.size()
+        out, inp = _Contiguous(output), _Contiguous(input_)
+        # Complex tensors were viewed as real pairs; split sizes count rows of the original.
+        out_flat, in_flat = out.buffer.reshape(-1), inp.buffer.reshape(-1)
+        if not output_splits and not input_splits:
+            if input_.numel() % n or output.numel() != input_.numel():
+                raise ValueError(f"fakegpu {what}: even split needs equal input/output sizes "
+                                 f"divisible by {n}, got {input_.numel()} and {output.numel()}")
+
+            def body(comm):
+                buf = buffer_of(in_flat, reducing=False)
+                comm.all_to_all(in_flat, out_flat, buf.count // n, buf.dtype)
+
+            self._run(what, body)
+        else:
+            def rows(tensor, splits):
+                if splits:
+                    if len(splits) != n:
+                        raise ValueError(f"fakegpu {what}: {len(splits)} split sizes for {n} ranks")
+                    return list(splits)
+                if tensor.shape[0] % n:
+                    raise ValueError(f"fakegpu {what}: dim 0 ({tensor.shape[0]}) not divisible by {n}")
+                return [tensor.shape[0] // n] * n
+
+            scale = 2 if output.is_complex() else 1
+            out_shape = [*output.shape, scale] if scale == 2 else list(output.shape)
+            in_shape = [*input_.shape, scale] if scale == 2 else list(input_.shape)
+            recvs = self._split_rows(out_flat, out_shape, rows(output, output_splits))
+            sends = self._split_rows(in_flat, in_shape, rows(input_, input_splits))
+            self._run(what, lambda comm: self._exchange(comm, sends, recvs), grouped=True)
+        out.commit()
+        return done([output])
+
+    def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single("alltoall_base", output, input_,
+                                       output_split_sizes, input_split_sizes)
+
+    def all_to_all_single(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single("all_to_all_single", output, input_,
+                                       output_split_sizes, input_split_sizes)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"fakegpu alltoall: need {n} input and {n} output tensors")
+        outs = [_Contiguous(t) for t in output_tensors]
+        ins = [_Contiguous(t) for t in input_tensors]
+        self._run("alltoall", lambda comm: self._exchange(
+            comm, [i.buffer.reshape(-1) for i in ins], [o.buffer.reshape(-1) for o in outs]),
+            grouped=True)
+        for o in outs:
+            o.commit()
+        return done(list(output_tensors))
+
+    # -- gather / scatter ---------------------------------------------------------------------------
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        inp = _Contiguous(input_tensors[0])
+        is_root = self.rank() == root
+        if is_root and (len(output_tensors) != 1 or len(output_tensors[0]) != self.size()):
+            raise ValueError(f"fakegpu gather: the root needs one list of {self.size()} outputs")
+        staging = None
+        if is_root:
+            staging = torch.empty(self.size() * inp.tensor.numel(), dtype=inp.tensor.dtype)
+
+        def body(comm):
+            buf = buffer_of(inp.buffer, reducing=False)
+            target = None
+            if staging is not None:
+                target = torch.view_as_real(staging) if staging.is_complex() else staging
+            comm.gather(inp.buffer, target, buf.count, buf.dtype, root)
+
+        self._run("gather", body)
+        if is_root:
+            self._scatter_staging(output_tensors[0], staging)
+        return done([t for outs in output_tensors for t in outs])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        out = _Contiguous(output_tensors[0])
+        is_root = self.rank() == root
+        staging = None
+        if is_root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
+                raise ValueError(f"fakegpu scatter: the root needs one list of {self.size()} inputs")
+            staging = _flat_cat(input_tensors[0]).to(out.tensor.dtype)
+            if staging.is_complex():
+                staging = torch.view_as_real(staging)
+
+        def body(comm):
+            buf = buffer_of(out.buffer, reducing=False)
+            comm.scatter(staging, out.buffer, buf.count, buf.dtype, root)
+
+        self._run("scatter", body)
+        out.commit()
+        return done(list(output_tensors))
+
+    # -- barrier -----------------------------------------------------------------------------------
+    def barrier(self, opts=None):
+        # As ProcessGroupNCCL: a barrier is a one-element all-reduce.
+        token = torch.zeros(1, dtype=torch.float32)
+        self._run("barrier", lambda comm: comm.all_reduce(token, token, 1, "float32", RedOp.sum))
+        return done([token])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):  # noqa: ARG002
+        self.barrier()
+
+    # -- point to point ------------------------------------------------------------------------
+    def _queue_p2p(self, kind: str, tensors, peer: int) -> FakeGpuWork:
+        if len(tensors) != 1:
+            raise ValueError(f"fakegpu {kind}: expected one tensor, got {len(tensors)}")
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"fakegpu {kind}: peer {peer} is not another rank of this "
+                             f"{self.size()}-rank group (this is rank {self.rank()})")
+        work = FakeGpuWork(list(tensors), resolve=self._flush_p2p,
+                           source_rank=peer if kind == "recv" else -1)
+        with self._lock:
+            self._pending_p2p.append((kind, _Contiguous(tensors[0]), peer, work))
+        return work
+
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
+        return self._queue_p2p("send", tensors, dstRank)
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        return self._queue_p2p("recv", tensors, srcRank)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("fakegpu: recv from any source is not supported (NCCL has no "
+                           "wildcard receive); pass src=")
+
+    def _flush_p2p(self) -> None:
+        """Issue every queued send/recv as one NCCL group, then finish their Work objects."""
+        with self._lock:
+            pending, self._pending_p2p = self._pending_p2p, []
+            if not pending:
+                return
+            error: Optional[BaseException] = None
+            try:
+                comm = self.comm
+                with library().group():
+                    for kind, item, peer, _ in pending:
+                        buf = buffer_of(item.buffer, reducing=False)
+                        if kind == "send":
+                            comm.send(item.buffer, buf.count, buf.dtype, peer)
+                        else:
+                            comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                for kind, item, _, _ in pending:
+                    if kind == "recv":
+                        item.commit()
+            except NcclError as exc:
+                error = _as_error("send/recv", self.comm_name, exc)
+            except BaseException as exc:  # keep every queued Work answerable
+                error = exc
+            for *_, work in pending:
+                work._finish(error)
+
+    # -- groups from groups ------------------------------------------------------------------------
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """ncclCommSplit-based subgroup (called collectively by every rank of this group).
+
+        ``ranks`` are ranks of this group forming the caller's new group; ranks outside it get
+        None.  See :func:`fakegpu.torch.split_group` for the ``dist.split_group`` equivalent.
+        """
+        ranks = sorted(int(r) for r in ranks)
+        member = self.rank() in ranks
+        self._split_count += 1
+        desc = group_desc or f"{self.comm_name}:split:{self._split_count}"
+        name = group_name or f"{self._group_name}_split{self._split_count}_{'_'.join(map(str, ranks))}"
+        new_comm = None
+
+        def body(comm):
+            nonlocal new_comm
+            new_comm = comm.split(ranks[0] if member else SPLIT_NOCOLOR, self.rank(), name=desc)
+
+        self._run("split_group", body)
+        if not member or new_comm is None:
+            return None
+        store = dist.PrefixStore(f"{name}/", self._store)
+        return FakeGpuProcessGroup(store, ranks.index(self.rank()), len(ranks), timeout,
+                                   comm=new_comm, group_name=name, group_desc=desc)
+
+    def comm_split_count(self) -> int:
+        return self._split_count
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        self._release(abort=False)
+
+    def abort(self) -> None:
+        self._release(abort=True)
+
+    def _release(self, *, abort: bool) -> None:
+        with self._lock:
+            self._closed = True
+            if not abort:
+                self._flush_p2p()
+            comm, self._comm = self._comm, None
+        if comm is not None:
+            try:
+                comm.abort() if abort else comm.destroy()
+            except NcclError:
+                pass  # the coordinator may already be gone at interpreter exit
+
+
+def create_fakegpu_process_group(store, rank: int, world_size: int, timeout=None):
+    """The creator registered with ``dist.Backend.register_backend``."""
+    return FakeGpuProcessGroup(store, rank, world_size, timeout)
