@@ -121,6 +121,10 @@ def check_shim(doc: Doctor) -> Optional[str]:
     except FileNotFoundError as exc:
         doc.fail("shim libnccl.so.2 not found", str(exc))
         return None
+    if not os.path.isfile(shim):
+        doc.fail(f"shim {shim} does not exist",
+                 "FAKEGPU_NCCL_LIBRARY names a missing file; unset it or point it at a built libnccl.so.2")
+        return None
     doc.ok(f"shim found: {shim}")
     try:
         done = subprocess.run(
