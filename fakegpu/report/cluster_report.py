@@ -1,0 +1,530 @@
+"""ClusterReport: the Recorder that turns coordinator records into the cluster report.
+
+Every figure in the report comes from one place: each successful operation is costed
+once by fakegpu.costmodel, whose per-transfer bytes feed the link, node-pair, rank and
+communicator tables, so the tables always add up (``fakegpu report check`` verifies it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from fakegpu import __version__
+from fakegpu import costmodel
+from fakegpu.coordinator.records import ClientRecord, CommRecord, OpRecord
+from fakegpu.topology import Topology
+
+SCHEMA_VERSION = 1
+_CACHE_LIMIT = 4096
+
+
+@dataclass
+class _KindStats:
+    calls: int = 0
+    errors: int = 0
+    logical_bytes: int = 0
+    socket_bytes: int = 0
+    bus_bytes: float = 0.0            # sum of logical_bytes x busbw factor, for busbw
+    modeled_time_s: float = 0.0
+    rendezvous_s: float = 0.0
+    execution_s: float = 0.0
+    algorithms: Counter = field(default_factory=Counter)
+    datatypes: Counter = field(default_factory=Counter)
+
+    def to_dict(self) -> dict:
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "logical_bytes": self.logical_bytes,
+            "socket_bytes": self.socket_bytes,
+            "modeled_time_s": self.modeled_time_s,
+            "algbw_gbs": costmodel.algbw_gbs(self.logical_bytes, self.modeled_time_s),
+            "busbw_gbs": costmodel.algbw_gbs(self.bus_bytes, self.modeled_time_s),
+            "rendezvous_s": self.rendezvous_s,
+            "execution_s": self.execution_s,
+            "algorithms": dict(sorted(self.algorithms.items())),
+            "datatypes": dict(sorted(self.datatypes.items())),
+        }
+
+
+@dataclass
+class _LinkStats:
+    bytes: int = 0
+    transfers: int = 0
+    operations: int = 0
+    modeled_time_s: float = 0.0
+    peak_operation_bytes: int = 0
+
+    def add(self, nbytes: int, transfers: int, seconds: float) -> None:
+        self.bytes += nbytes
+        self.transfers += transfers
+        self.operations += 1
+        self.modeled_time_s += seconds
+        self.peak_operation_bytes = max(self.peak_operation_bytes, nbytes)
+
+
+@dataclass
+class _PairStats:
+    a: int
+    b: int
+    forward: int = 0                   # bytes a -> b
+    backward: int = 0                  # bytes b -> a
+    transfers: int = 0
+    operations: int = 0
+    peak_operation_bytes: int = 0
+    modeled_time_s: float = 0.0
+    peak_throughput_gbs: float = 0.0
+    by_operation: dict = field(default_factory=lambda: defaultdict(lambda: {"operations": 0, "bytes": 0, "transfers": 0}))
+
+
+@dataclass
+class _RankStats:
+    rank: int
+    pid: Optional[int] = None
+    hostname: Optional[str] = None
+    transport: Optional[str] = None
+    shared_memory: Optional[bool] = None
+    connected: bool = False
+    disconnect_reason: Optional[str] = None
+    wait_s: float = 0.0
+    timeouts: int = 0
+    errors: int = 0
+    comm_inits: int = 0
+    init_wait_s: float = 0.0
+    collective_calls: int = 0
+    p2p_sends: int = 0
+    p2p_recvs: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    modeled_busy_s: float = 0.0
+    modeled_clock_s: float = 0.0       # end of its last operation on the modeled timeline
+
+
+@dataclass
+class _CommStats:
+    comm: CommRecord
+    operations: int = 0
+    errors: int = 0
+    logical_bytes: int = 0
+    modeled_time_s: float = 0.0
+    by_kind: Counter = field(default_factory=Counter)
+
+
+class ClusterReport:
+    """Recorder (see fakegpu.coordinator.records) that accumulates the cluster report."""
+
+    def __init__(self, topology: Topology, *, max_operations: int = 4096, metadata: Optional[dict] = None):
+        self.topology = topology
+        self.max_operations = max(0, int(max_operations))
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._lock = threading.RLock()
+        self._created_at = time.time()
+        self._clients: dict[int, ClientRecord] = {}
+        self._clients_connected = 0
+        self._clients_disconnected = 0
+        self._ranks: dict[int, _RankStats] = {r: _RankStats(r) for r in range(topology.world_size)}
+        self._kinds: dict[str, _KindStats] = {}
+        self._p2p = _KindStats()
+        self._p2p_intra = 0
+        self._p2p_inter = 0
+        self._links = {"intra_node": _LinkStats(), "inter_node": _LinkStats()}
+        self._per_node_intra: dict[int, _LinkStats] = defaultdict(_LinkStats)
+        self._pairs: dict[tuple[int, int], _PairStats] = {}
+        self._comms: dict[int, _CommStats] = {}
+        self._timeline: list[dict] = []
+        self._dropped = 0
+        self._status = Counter()
+        self._unattributed: list[str] = []
+        self._unattributed_count = 0
+        self._estimates: dict[tuple, costmodel.Estimate] = {}
+
+    # -- Recorder protocol -------------------------------------------------------------
+    def client_connected(self, client: ClientRecord) -> None:
+        with self._lock:
+            self._clients[client.client_id] = client
+            self._clients_connected += 1
+            if client.global_rank >= 0:
+                stats = self._rank(client.global_rank)
+                stats.pid, stats.hostname = client.pid, client.hostname
+                stats.transport, stats.shared_memory = client.transport, client.shared_memory
+                stats.connected, stats.disconnect_reason = True, None
+
+    def client_disconnected(self, client: ClientRecord, reason: str) -> None:
+        with self._lock:
+            self._clients_disconnected += 1
+            self._clients.pop(client.client_id, None)
+            if client.global_rank >= 0:
+                stats = self._rank(client.global_rank)
+                stats.connected = False
+                stats.disconnect_reason = reason or "closed"
+
+    def comm_created(self, comm: CommRecord, init_wait_s: Sequence[float]) -> None:
+        with self._lock:
+            if comm.comm_id not in self._comms:
+                self._comms[comm.comm_id] = _CommStats(comm)
+            waits = list(init_wait_s)
+            for i, g in enumerate(comm.global_ranks):
+                stats = self._rank(g)
+                stats.comm_inits += 1
+                if i < len(waits):
+                    stats.init_wait_s += float(waits[i])
+
+    def op_completed(self, op: OpRecord) -> None:
+        with self._lock:
+            try:
+                self._record(op)
+            except Exception as exc:  # never let accounting take the coordinator down
+                self._unattributed_count += 1
+                if len(self._unattributed) < 20:
+                    self._unattributed.append(f"{op.kind} seq {op.seq} on comm {op.comm.comm_id}: {exc}")
+
+    # -- accounting ---------------------------------------------------------------------
+    def _rank(self, g: int) -> _RankStats:
+        stats = self._ranks.get(g)
+        if stats is None:
+            stats = self._ranks[g] = _RankStats(g)
+        return stats
+
+    def _estimate(self, op: OpRecord, kind: str) -> costmodel.Estimate:
+        key = (kind, op.count, op.elem_size, op.comm.global_ranks, op.root, op.peer)
+        est = self._estimates.get(key)
+        if est is None:
+            if len(self._estimates) >= _CACHE_LIMIT:
+                self._estimates.clear()
+            est = costmodel.estimate(kind, op.count, op.elem_size, op.comm.global_ranks,
+                                     op.root, op.peer, self.topology)
+            self._estimates[key] = est
+        return est
+
+    def _record(self, op: OpRecord) -> None:
+        kind = costmodel.normalize_kind(op.kind)
+        members = op.comm.global_ranks
+        if kind == "SendRecv":
+            src = op.root if op.root >= 0 else op.ranks[0]
+            dst = op.peer if op.peer >= 0 else op.ranks[1]
+            if (src, dst) != (op.root, op.peer):
+                op = dataclasses.replace(op, root=src, peer=dst)
+            participants = [members[src], members[dst]]
+        else:
+            participants = [members[r] for r in (op.ranks or range(len(members)))]
+        ok = op.status == "ok"
+        # Everything that can reject the record (unplaced rank, bad kind) runs before any
+        # counter moves, so a rejected record leaves the report consistent.
+        est = self._estimate(op, kind) if ok else None
+        for g in participants:
+            self.topology.node_of(g)
+        self._status[op.status] += 1
+        comm = self._comms.get(op.comm.comm_id)
+        if comm is None:
+            comm = self._comms[op.comm.comm_id] = _CommStats(op.comm)
+
+        stats = self._p2p if kind == "SendRecv" else self._kinds.setdefault(kind, _KindStats())
+        for g in participants:
+            r = self._rank(g)
+            r.wait_s += float(op.arrival_wait_s.get(g, 0.0))
+            if op.status == "timeout":
+                r.timeouts += 1
+            elif not ok:
+                r.errors += 1
+        if not ok:
+            stats.errors += 1
+            comm.errors += 1
+        else:
+            assert est is not None
+            stats.calls += 1
+            stats.logical_bytes += op.logical_bytes
+            stats.socket_bytes += op.socket_bytes
+            stats.bus_bytes += op.logical_bytes * costmodel.busbw_factor(kind, len(members))
+            stats.modeled_time_s += est.seconds
+            stats.rendezvous_s += op.rendezvous_s
+            stats.execution_s += op.execution_s
+            stats.algorithms[est.algorithm] += 1
+            stats.datatypes[op.datatype] += 1
+            comm.operations += 1
+            comm.logical_bytes += op.logical_bytes
+            comm.modeled_time_s += est.seconds
+            comm.by_kind[kind] += 1
+            if kind == "SendRecv":
+                self._rank(participants[0]).p2p_sends += 1
+                self._rank(participants[1]).p2p_recvs += 1
+                if self.topology.same_node(*participants):
+                    self._p2p_intra += 1
+                else:
+                    self._p2p_inter += 1
+            else:
+                for g in participants:
+                    self._rank(g).collective_calls += 1
+            self._attribute(kind, est)
+
+        # Modeled timeline: an operation starts when its last participant is free.
+        seconds = est.seconds if est is not None else 0.0
+        start = max((self._rank(g).modeled_clock_s for g in participants), default=0.0)
+        for g in participants:
+            r = self._rank(g)
+            r.modeled_clock_s = start + seconds
+            r.modeled_busy_s += seconds
+
+        if len(self._timeline) < self.max_operations:
+            self._timeline.append(self._timeline_entry(op, kind, participants, est, start))
+        else:
+            self._dropped += 1
+
+    def _attribute(self, kind: str, est: costmodel.Estimate) -> None:
+        topo = self.topology
+        scope_bytes = {"intra_node": 0, "inter_node": 0}
+        scope_transfers = {"intra_node": 0, "inter_node": 0}
+        node_local: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        pair_op: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # fwd, back, transfers
+        for (src, dst), nbytes in est.transfers.items():
+            self._ranks[src].bytes_sent += nbytes
+            self._ranks[dst].bytes_received += nbytes
+            ns, nd = topo.node_of(src), topo.node_of(dst)
+            if ns == nd:
+                scope_bytes["intra_node"] += nbytes
+                scope_transfers["intra_node"] += 1
+                node_local[ns][0] += nbytes
+                node_local[ns][1] += 1
+            else:
+                scope_bytes["inter_node"] += nbytes
+                scope_transfers["inter_node"] += 1
+                key = (min(ns, nd), max(ns, nd))
+                pair_op[key][0 if ns < nd else 1] += nbytes
+                pair_op[key][2] += 1
+        for scope in ("intra_node", "inter_node"):
+            if scope_transfers[scope]:
+                self._links[scope].add(scope_bytes[scope], scope_transfers[scope], est.seconds)
+        for node, (nbytes, transfers) in node_local.items():
+            self._per_node_intra[node].add(nbytes, transfers, est.seconds)
+        for (a, b), (fwd, back, transfers) in pair_op.items():
+            pair = self._pairs.get((a, b))
+            if pair is None:
+                pair = self._pairs[(a, b)] = _PairStats(a, b)
+            total = fwd + back
+            pair.forward += fwd
+            pair.backward += back
+            pair.transfers += transfers
+            pair.operations += 1
+            pair.modeled_time_s += est.seconds
+            pair.peak_operation_bytes = max(pair.peak_operation_bytes, total)
+            if est.seconds > 0:
+                pair.peak_throughput_gbs = max(pair.peak_throughput_gbs, total / est.seconds / 1e9)
+            slot = pair.by_operation[kind]
+            slot["operations"] += 1
+            slot["bytes"] += total
+            slot["transfers"] += transfers
+
+    def _timeline_entry(self, op: OpRecord, kind: str, participants: list[int],
+                        est: Optional[costmodel.Estimate], start: float) -> dict:
+        members = op.comm.global_ranks
+        return {
+            "seq": op.seq,
+            "comm_id": op.comm.comm_id,
+            "comm_name": op.comm.name,
+            "kind": kind,
+            "status": op.status,
+            "error": op.error,
+            "global_ranks": list(participants),
+            "root": members[op.root] if 0 <= op.root < len(members) and kind != "SendRecv" else None,
+            "src": participants[0] if kind == "SendRecv" else None,
+            "dst": participants[1] if kind == "SendRecv" else None,
+            "datatype": op.datatype,
+            "redop": op.redop,
+            "count": op.count,
+            "elem_size": op.elem_size,
+            "logical_bytes": op.logical_bytes,
+            "socket_bytes": op.socket_bytes,
+            "started_at": op.started_at,
+            "rendezvous_s": op.rendezvous_s,
+            "execution_s": op.execution_s,
+            "algorithm": est.algorithm if est else None,
+            "modeled_s": est.seconds if est else 0.0,
+            "modeled_start_s": start,
+            "intra_node_bytes": est.intra_node_bytes if est else 0,
+            "inter_node_bytes": est.inter_node_bytes if est else 0,
+        }
+
+    # -- output --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        with self._lock:
+            return self._build()
+
+    def _build(self) -> dict:
+        topo = self.topology
+        nodes = topo.nodes
+        kinds = {k: s.to_dict() for k, s in sorted(self._kinds.items())}
+        p2p = self._p2p
+        totals_ops = sum(s.calls for s in self._kinds.values()) + p2p.calls
+        totals = {
+            "operations": totals_ops,
+            "failed_operations": sum(s.errors for s in self._kinds.values()) + p2p.errors,
+            "logical_bytes": sum(s.logical_bytes for s in self._kinds.values()) + p2p.logical_bytes,
+            "socket_bytes": sum(s.socket_bytes for s in self._kinds.values()) + p2p.socket_bytes,
+            "modeled_time_s": sum(s.modeled_time_s for s in self._kinds.values()) + p2p.modeled_time_s,
+            "modeled_makespan_s": max((r.modeled_clock_s for r in self._ranks.values()), default=0.0),
+            "by_status": dict(sorted(self._status.items())),
+            "unattributed_operations": self._unattributed_count,
+        }
+        links = {}
+        for scope, link in self._links.items():
+            fabric = topo.intra_node if scope == "intra_node" else topo.inter_node
+            entry = {
+                "fabric_type": fabric.type,
+                "bandwidth_gbps": fabric.bandwidth_gbps,
+                "latency_us": fabric.latency_us,
+                "oversubscription": fabric.oversubscription,
+                "bytes": link.bytes,
+                "transfers": link.transfers,
+                "operations": link.operations,
+                "peak_operation_bytes": link.peak_operation_bytes,
+                "modeled_time_s": link.modeled_time_s,
+                "modeled_avg_throughput_gbs": costmodel.algbw_gbs(link.bytes, link.modeled_time_s),
+            }
+            if scope == "intra_node":
+                entry["per_node"] = [
+                    {
+                        "node": nodes[i].id,
+                        "bytes": s.bytes,
+                        "transfers": s.transfers,
+                        "operations": s.operations,
+                        "peak_operation_bytes": s.peak_operation_bytes,
+                    }
+                    for i, s in sorted(self._per_node_intra.items())
+                ]
+            links[scope] = entry
+        pairs = []
+        for (a, b), p in sorted(self._pairs.items()):
+            na, nb = nodes[a].id, nodes[b].id
+            total = p.forward + p.backward
+            pairs.append({
+                "nodes": [na, nb],
+                "hosts": [nodes[a].host, nodes[b].host],
+                "directions": {f"{na}->{nb}": p.forward, f"{nb}->{na}": p.backward},
+                "total_bytes": total,
+                "transfers": p.transfers,
+                "operations": p.operations,
+                "peak_operation_bytes": p.peak_operation_bytes,
+                "modeled_time_s": p.modeled_time_s,
+                "modeled_avg_throughput_gbs": costmodel.algbw_gbs(total, p.modeled_time_s),
+                "modeled_peak_throughput_gbs": p.peak_throughput_gbs,
+                "by_operation": {k: dict(v) for k, v in sorted(p.by_operation.items())},
+            })
+        ranks = []
+        for g, r in sorted(self._ranks.items()):
+            placed = g < topo.world_size
+            ranks.append({
+                "rank": g,
+                "node": topo.node_id_of(g) if placed else None,
+                "gpu_profile": topo.gpu_of(g).name if placed else None,
+                "pid": r.pid,
+                "hostname": r.hostname,
+                "transport": r.transport,
+                "shared_memory": r.shared_memory,
+                "connected": r.connected,
+                "disconnect_reason": r.disconnect_reason,
+                "wait_s": r.wait_s,
+                "timeouts": r.timeouts,
+                "errors": r.errors,
+                "comm_inits": r.comm_inits,
+                "init_wait_s": r.init_wait_s,
+                "collective_calls": r.collective_calls,
+                "p2p_sends": r.p2p_sends,
+                "p2p_recvs": r.p2p_recvs,
+                "bytes_sent": r.bytes_sent,
+                "bytes_received": r.bytes_received,
+                "modeled_busy_s": r.modeled_busy_s,
+                "modeled_end_s": r.modeled_clock_s,
+            })
+        comms = []
+        for cid, c in sorted(self._comms.items()):
+            members = list(c.comm.global_ranks)
+            node_ids = sorted({topo.node_id_of(g) for g in members if g < topo.world_size})
+            comms.append({
+                "id": cid,
+                "name": c.comm.name,
+                "parent_id": c.comm.parent_id,
+                "size": len(members),
+                "members": members,
+                "nodes": node_ids,
+                "operations": c.operations,
+                "errors": c.errors,
+                "logical_bytes": c.logical_bytes,
+                "modeled_time_s": c.modeled_time_s,
+                "by_kind": dict(sorted(c.by_kind.items())),
+            })
+        notes = [
+            "modeled_* figures come from the alpha-beta cost model on the topology (docs/cost-model.md); "
+            "they estimate the time on the described cluster, not what this machine measured.",
+            "rendezvous_s and execution_s are wall-clock times observed by the coordinator.",
+        ]
+        if topo.is_default:
+            notes.append(
+                f"No cluster config was given: the default topology (one node, {topo.world_size} "
+                f"{topo.gpu_of(0).name} GPUs on NVLink) was assumed."
+            )
+        if self._dropped:
+            notes.append(f"The timeline kept the first {self.max_operations} operations; "
+                         f"{self._dropped} later ones are counted in the summaries only.")
+        notes.extend(f"unattributed: {u}" for u in self._unattributed)
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "generator": {"name": "fakegpu", "version": __version__, "host": socket.gethostname()},
+            "generated_at": time.time(),
+            "started_at": self._created_at,
+            "world_size": topo.world_size,
+            "metadata": _jsonable(self.metadata),
+            "topology": topo.to_dict(),
+            "clients": {
+                "connected_total": self._clients_connected,
+                "disconnected_total": self._clients_disconnected,
+                "connected_now": len(self._clients),
+            },
+            "totals": totals,
+            "collectives": kinds,
+            "point_to_point": {
+                "operations": p2p.calls,
+                "sends": p2p.calls,
+                "recvs": p2p.calls,
+                "errors": p2p.errors,
+                "bytes": p2p.logical_bytes,
+                "socket_bytes": p2p.socket_bytes,
+                "modeled_time_s": p2p.modeled_time_s,
+                "intra_node_operations": self._p2p_intra,
+                "inter_node_operations": self._p2p_inter,
+                "modeled_avg_throughput_gbs": costmodel.algbw_gbs(p2p.logical_bytes, p2p.modeled_time_s),
+            },
+            "links": links,
+            "node_pairs": pairs,
+            "ranks": ranks,
+            "communicators": comms,
+            "timeline": {
+                "max_operations": self.max_operations,
+                "retained": len(self._timeline),
+                "dropped_operations": self._dropped,
+                "operations": [dict(e) for e in self._timeline],
+            },
+            "notes": notes,
+        }
+
+    def write(self, json_path, markdown_path=None, trace_path=None) -> dict:
+        """Write the JSON report (and Markdown beside it, and a trace if asked) atomically.
+
+        Returns the paths written, keyed "json", "markdown" and "trace".
+        """
+        from .writer import write_report_files
+
+        return write_report_files(self.to_dict(), json_path, markdown_path, trace_path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

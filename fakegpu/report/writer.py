@@ -1,0 +1,49 @@
+"""Atomic writing of the report files: a reader never sees a half-written report,
+even if the coordinator is killed while writing (temp file in the same folder + os.replace)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+def atomic_write_text(path: PathLike, text: str) -> str:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return str(target)
+
+
+def default_markdown_path(json_path: PathLike) -> str:
+    """``report.json`` -> ``report.md`` (``report`` -> ``report.md``)."""
+    p = Path(json_path)
+    return str(p.with_suffix(".md") if p.suffix.lower() == ".json" else p.with_name(p.name + ".md"))
+
+
+def write_report_files(report: dict, json_path: PathLike, markdown_path: Optional[PathLike] = None,
+                       trace_path: Optional[PathLike] = None) -> dict:
+    from .markdown import render_markdown
+    from .trace import build_trace
+
+    written = {"json": atomic_write_text(json_path, json.dumps(report, indent=2, sort_keys=False) + "\n")}
+    md = markdown_path if markdown_path is not None else default_markdown_path(json_path)
+    written["markdown"] = atomic_write_text(md, render_markdown(report))
+    if trace_path is not None:
+        written["trace"] = atomic_write_text(trace_path, json.dumps(build_trace(report)) + "\n")
+    return written
