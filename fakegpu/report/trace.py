@@ -39,6 +39,12 @@ def build_trace(report: dict) -> dict:
             "global_ranks": op["global_ranks"],
         }
         for rank in op["global_ranks"]:
+            if op["status"] != "ok":
+                # A failed operation moved nothing: mark the moment instead of a zero-length box.
+                events.append({"name": f"{label} {op['status']}", "cat": "failure", "ph": "i", "s": "t",
+                               "ts": op["modeled_start_s"] * 1e6, "pid": rank_node.get(rank, 0), "tid": rank,
+                               "args": dict(args, error=op["error"])})
+                continue
             events.append({
                 "name": label,
                 "cat": "p2p" if op["kind"] == "SendRecv" else "collective",
