@@ -507,7 +507,7 @@ def format_table(sweep: Sweep, world_size: int, rows: Sequence[dict], header: st
     redop = REDOPS[sweep.redop] if sweep.op.reduces else "none"
     type_name = TABLE_TYPE[sweep.dtype.name]
     lines = [f"# {header}", "#",
-             f"# {'':>54}{'out-of-place':^33}  {'in-place':^33}",
+             f"# {'':>46}{'out-of-place':^32}  {'in-place':^32}".rstrip(),
              f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
              f"{'time':>8} {'algbw':>7} {'busbw':>7} {'#wrong':>7}  "
              f"{'time':>8} {'algbw':>7} {'busbw':>7} {'#wrong':>7}",
