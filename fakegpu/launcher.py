@@ -820,6 +820,9 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
                                           "of the running coordinator there")
                     return PreparedLaunch(cfg, Endpoint(cfg.transport, cfg.coordinator_addr), token_file,
                                           None, None, reused=True)
+                if "authentic" in detail.lower():
+                    raise LaunchError(f"the coordinator at {cfg.coordinator_addr} refused our token ({detail}); "
+                                      "pass --token-file with a copy of the coordinator's token file")
                 if cfg.transport == "tcp" and not _can_listen_here(cfg.coordinator_addr):
                     raise LaunchError(f"no coordinator answers at {cfg.coordinator_addr} ({detail or 'no answer'}) "
                                       "and it is not an address of this host to start one on")
@@ -892,7 +895,12 @@ def launch(cfg: LaunchConfig, command: Sequence[str]) -> int:
         status = run_command(command, env)
     finally:
         prepared.close()
-    if not cfg.quiet and not prepared.reused and not (prepared.coordinator and cfg.keep_coordinator):
+    if cfg.quiet:
+        return status
+    if prepared.reused:
+        log(f"the coordinator at {prepared.endpoint.address} writes its reports when it is stopped "
+            f"(python -m fakegpu coordinator --shutdown {prepared.endpoint.address} ...)")
+    elif not (prepared.coordinator and cfg.keep_coordinator):
         _print_reports(cfg)
     return status
 

@@ -15,7 +15,7 @@ from fakegpu import launcher
 EPILOG = """\
 examples:
   fgpu -- python train.py
-  fgpu --cluster-config cluster_configs/2x8-h100-ib.yaml -- torchrun --nproc-per-node 4 train.py
+  fgpu --cluster-config cluster_configs/h100-2node-8gpu-ib-8x400g.yaml -- torchrun --nproc-per-node 4 train.py
   fgpu --listen 0.0.0.0:29591 --token-file ~/.fakegpu-token -- torchrun --nnodes 2 ...
   fgpu doctor            check the shim, the environment and the coordinator
 
