@@ -1,0 +1,8 @@
+"""Reduce: the root's output is the reduction of all inputs; other ranks get nothing."""
+from __future__ import annotations
+
+from .numerics import reduce_into
+
+
+def execute(dt, redop, count, root, ins, outs, scalars):
+    reduce_into(dt, redop, [x.view(dt.np) for x in ins], [outs[root].view(dt.np)], scalars)

@@ -1,0 +1,889 @@
+"""The coordinator's logic, sans I/O.
+
+``Core.on_frame(conn_id, frame)`` takes one decoded frame header + body from a
+connection and returns *actions* for the I/O layer:
+
+    (SEND, conn_id, data)      data is bytes, or a list of bytes-like pieces to write in order
+    (CLOSE, conn_id, reason)   close that connection after flushing what was queued
+    (SHUTDOWN, None, reason)   write the reports and stop the coordinator
+
+``Core.tick(now)`` fails whatever has waited past the timeout; ``Core.disconnect`` fails
+the peers of a process that went away. Time comes from the injected ``clock``
+(monotonic seconds) and ``wall`` (epoch seconds), so tests drive every timeout with a
+fake clock. Collective results are computed in place in the clients' staging buffers
+(numpy views) by the modules in ``collectives/``.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import struct
+import time
+from collections import OrderedDict
+from typing import Callable, Optional
+
+import numpy as np
+
+from fakegpu import protocol as P
+from fakegpu.coordinator.collectives import EXECUTORS
+from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
+from fakegpu.coordinator.matching import (
+    D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_OUT_LEN, D_OUT_OFF,
+    D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_TOTAL, GroupState, PairQueue, Slot, Step, describe_op,
+    mismatch_message, signature, validate)
+from fakegpu.coordinator.records import NullRecorder, OpRecord
+from fakegpu.coordinator.registry import (
+    Client, Comm, InitRendezvous, Member, SplitRendezvous, assign_global_ranks)
+
+log = logging.getLogger("fakegpu.coordinator")
+
+SEND, CLOSE, SHUTDOWN = 0, 1, 2
+
+DEFAULT_STAGING_BYTES = 32 << 20
+MAX_STAGING_BYTES = 256 << 20
+MIN_STAGING_BYTES = 4096
+
+_HDR = P.HEADER
+_U32I32 = struct.Struct("<Ii")
+_OPDESC_UNPACK = P.OPDESC_STRUCT.unpack_from
+_GROUP_PREFIX = struct.Struct("<II")
+_COMM_INFO_FIXED = struct.Struct("<Qii")
+_EMPTY_STR = b"\0\0"
+_DONE_ONE_OK = struct.pack("<Ii", 1, 0) + _EMPTY_STR
+
+_FIRST = P.OP_FLAG_FIRST_STEP
+_LAST = P.OP_FLAG_LAST_STEP
+_SEND_KIND = P.KIND_SEND
+_RECV_KIND = P.KIND_RECV
+_PREMUL = P.REDOP_PREMULSUM
+
+_STATUS_BY_RESULT = {P.NCCL_INVALID_USAGE: "mismatch", P.NCCL_INVALID_ARGUMENT: "error",
+                     P.NCCL_TIMEOUT: "timeout", P.NCCL_REMOTE_ERROR: "peer_failed"}
+
+
+def frame_bytes(msg_type: int, request_id: int, body: bytes) -> bytes:
+    return _HDR.pack(P.MAGIC, P.VERSION, msg_type, request_id, len(body)) + body
+
+
+def error_frame(request_id: int, result: int, message: str) -> bytes:
+    return frame_bytes(P.ERROR, request_id, struct.pack("<i", result) + P.encode_str(message, truncate=True))
+
+
+def default_staging_factory(hello, staging_bytes: int):
+    """Socket staging: a per-connection buffer. np.zeros is lazily backed by the OS, so
+    untouched parts of the regions cost no memory."""
+    return np.zeros(2 * staging_bytes, dtype=np.uint8), False
+
+
+def logical_bytes(kind: int, count: int, size: int, n: int) -> int:
+    """Payload size in the nccl-tests sense (REFERENCE.md section 4)."""
+    if kind in (P.KIND_ALLGATHER, P.KIND_REDUCESCATTER, P.KIND_ALLTOALL, P.KIND_GATHER, P.KIND_SCATTER):
+        return count * size * n
+    return count * size
+
+
+class Core:
+    def __init__(self, *, token: str = "", timeout_ms: int = 600_000,
+                 default_staging_bytes: int = DEFAULT_STAGING_BYTES,
+                 max_staging_bytes: int = MAX_STAGING_BYTES, recorder=None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 transport: str = "unix", cost_fn=None, topology=None):
+        self.token = token
+        self.timeout_ms = int(timeout_ms)
+        self.timeout_s = timeout_ms / 1000.0
+        self.default_staging_bytes = default_staging_bytes
+        self.max_staging_bytes = max_staging_bytes
+        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.recording = not isinstance(self.recorder, NullRecorder)
+        self.clock = clock
+        self.wall = wall
+        self.transport = transport
+        self.cost_fn = cost_fn
+        self.topology = topology
+        self.started_wall = wall()
+        self.clients: dict = {}
+        self.handles: dict = {}
+        self.comms: dict = {}
+        self.inits: dict = {}
+        self._waiting: OrderedDict = OrderedDict()   # item -> None; deadline order
+        self._next_handle = 1
+        self._next_comm = 1
+        self._out: list = []
+        self.stats = {"groups": 0, "ops": 0, "errors": 0}
+
+    # ------------------------------------------------------------------ entry points
+
+    def on_frame(self, conn_id: int, frame: P.Frame, transport: Optional[str] = None,
+                 staging_factory=default_staging_factory) -> list:
+        out = self._out = []
+        client = self.clients.get(conn_id)
+        t = frame.msg_type
+        try:
+            if client is None:
+                if t == P.HELLO:
+                    self._hello(conn_id, frame, transport or self.transport, staging_factory)
+                elif t == P.PING:
+                    out.append((SEND, conn_id, self._pong(frame.request_id)))
+                elif t == P.SHUTDOWN:
+                    self._shutdown(conn_id, frame)
+                else:
+                    reason = f"{P.MESSAGE_NAMES.get(t, t)} before HELLO (HELLO must be the first frame)"
+                    out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, reason)))
+                    out.append((CLOSE, conn_id, reason))
+            elif t == P.GROUP:
+                self._group(client, frame)
+            elif t == P.COMM_INIT:
+                self._comm_init(client, frame)
+            elif t == P.COMM_SPLIT:
+                self._comm_split(client, frame)
+            elif t == P.COMM_FREE:
+                self._comm_free(client, frame)
+            elif t == P.SIMULATE:
+                self._simulate(client, frame)
+            elif t == P.PING:
+                out.append((SEND, conn_id, self._pong(frame.request_id)))
+            elif t == P.SHUTDOWN:
+                self._shutdown(conn_id, frame)
+            elif t == P.HELLO:
+                raise P.ProtocolError("second HELLO on one connection")
+            else:
+                raise P.ProtocolError(f"{P.MESSAGE_NAMES.get(t, t)} is not a client-to-server message")
+        except P.ProtocolError as exc:
+            out.append((CLOSE, conn_id, f"protocol error: {exc}"))
+        return out
+
+    def disconnect(self, conn_id: int, reason: str) -> list:
+        self._out = []
+        client = self.clients.pop(conn_id, None)
+        if client is None:
+            return self._out
+        client.closed = True
+        if self.recording:
+            self.recorder.client_disconnected(client.record, reason)
+        why = f"{client.describe()} disconnected ({reason})"
+        for member in list(client.members):
+            self._member_gone(member, P.NCCL_REMOTE_ERROR, f"rank {member.rank} {why}")
+        for uid, rdv in list(self.inits.items()):
+            if any(a[0] is client for a in rdv.arrivals.values()):
+                del self.inits[uid]
+                self._waiting.pop(rdv, None)
+                for rank, (c, rid, _) in rdv.arrivals.items():
+                    if c is not client:
+                        self._error(c, rid, P.NCCL_REMOTE_ERROR,
+                                    f"communicator init {self._uid_label(rdv)}: rank {rank}'s peer {why}")
+        return self._out
+
+    def tick(self, now: Optional[float] = None) -> list:
+        self._out = []
+        now = self.clock() if now is None else now
+        waiting = self._waiting
+        while waiting:
+            item = next(iter(waiting))
+            if item.deadline > now:
+                break
+            del waiting[item]
+            if isinstance(item, Slot):
+                self._expire_slot(item)
+            elif isinstance(item, Step):
+                self._expire_p2p(item)
+            elif isinstance(item, InitRendezvous):
+                self._expire_init(item)
+            elif isinstance(item, SplitRendezvous):
+                self._expire_split(item)
+        return self._out
+
+    def staging_of(self, conn_id: int):
+        """(client, is_shm) for the payload router; (None, False) before HELLO."""
+        client = self.clients.get(conn_id)
+        return client
+
+    def max_body_len(self, conn_id: int) -> int:
+        client = self.clients.get(conn_id)
+        if client is None:
+            return P.PRE_HELLO_MAX_BODY
+        return 2 * client.S + (16 << 20)
+
+    def describe(self) -> dict:
+        return {"version": _version(), "pid": os.getpid(), "transport": self.transport,
+                "clients": len(self.clients), "communicators": len(self.comms),
+                "pending": len(self._waiting), "uptime_s": round(self.wall() - self.started_wall, 3),
+                **self.stats}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _send(self, client: Client, data) -> None:
+        if not client.closed:
+            self._out.append((SEND, client.id, data))
+
+    def _error(self, client: Client, request_id: int, result: int, message: str) -> None:
+        self.stats["errors"] += 1
+        self._send(client, error_frame(request_id, result, message))
+
+    def _uid_label(self, rdv: InitRendezvous) -> str:
+        return f"(unique id {rdv.uid[:8].hex()}…" + (f", name {rdv.name!r}" if rdv.name else "") + ")"
+
+    def _pong(self, request_id: int) -> bytes:
+        return frame_bytes(P.PONG, request_id, P.encode_str(json.dumps(self.describe()), truncate=True))
+
+    # ------------------------------------------------------------------ hello / shutdown
+
+    def _hello(self, conn_id: int, frame: P.Frame, transport: str, staging_factory) -> None:
+        hello = P.decode_body(P.HELLO, frame.body)
+        # Authenticate before anything about this client is stored or any segment mapped.
+        if self.token and not hmac.compare_digest(hello.token.encode("utf-8"), self.token.encode("utf-8")):
+            reason = f"authentication failed (pid {hello.pid} on {hello.hostname or '?'}: wrong or missing token)"
+            log.warning("rejected connection %d: %s", conn_id, reason)
+            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
+                                                          "authentication failed")))
+            self._out.append((CLOSE, conn_id, reason))
+            return
+        requested = hello.staging_bytes or self.default_staging_bytes
+        S = max(MIN_STAGING_BYTES, min(requested, self.max_staging_bytes))
+        staging, shm = staging_factory(hello, S)
+        client = Client(conn_id, hello, transport, staging, S, shm)
+        self.clients[conn_id] = client
+        if self.recording:
+            self.recorder.client_connected(client.record)
+        body = struct.pack("<IIQI", conn_id, P.HELLO_FLAG_SHM if shm else 0, S, self.timeout_ms)
+        self._send(client, frame_bytes(P.HELLO_OK, frame.request_id, body))
+
+    def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
+        msg = P.decode_body(P.SHUTDOWN, frame.body)
+        if self.token and not hmac.compare_digest(msg.token.encode("utf-8"), self.token.encode("utf-8")):
+            reason = "SHUTDOWN with a wrong or missing token"
+            log.warning("connection %d: %s", conn_id, reason)
+            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
+                                                          "authentication failed")))
+            self._out.append((CLOSE, conn_id, reason))
+            return
+        self._out.append((SEND, conn_id, frame_bytes(P.OK, frame.request_id, b"")))
+        self._out.append((SHUTDOWN, None, f"SHUTDOWN requested by connection {conn_id}"))
+
+    # ------------------------------------------------------------------ communicators
+
+    def _new_comm(self, name: str, clients_by_rank: list, global_ranks: list, parent_id) -> Comm:
+        comm = Comm(self._next_comm, name, parent_id)
+        self._next_comm += 1
+        members = []
+        for rank, (client, g) in enumerate(zip(clients_by_rank, global_ranks)):
+            m = Member(self._next_handle, comm, rank, client, g)
+            self._next_handle += 1
+            self.handles[m.handle] = m
+            client.members.append(m)
+            members.append(m)
+        comm.set_members(members)
+        self.comms[comm.id] = comm
+        return comm
+
+    def _comm_info_frame(self, request_id: int, handle: int, rank: int, ranks_body: bytes, n: int) -> bytes:
+        return frame_bytes(P.COMM_INFO, request_id, _COMM_INFO_FIXED.pack(handle, rank, n) + ranks_body)
+
+    def _comm_init(self, client: Client, frame: P.Frame) -> None:
+        msg = P.decode_body(P.COMM_INIT, frame.body)
+        rid = frame.request_id
+        if msg.nranks < 1 or not 0 <= msg.rank < msg.nranks:
+            self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                        f"communicator init: rank {msg.rank} is not valid for nranks {msg.nranks}")
+            return
+        now = self.clock()
+        rdv = self.inits.get(msg.unique_id)
+        if rdv is None:
+            rdv = InitRendezvous(msg.unique_id, msg.nranks, msg.name, now, now + self.timeout_s, self.wall())
+            self.inits[msg.unique_id] = rdv
+            self._waiting[rdv] = None
+        elif rdv.nranks != msg.nranks:
+            self._error(client, rid, P.NCCL_INVALID_USAGE,
+                        f"communicator init {self._uid_label(rdv)}: ranks {sorted(rdv.arrivals)} were "
+                        f"called with nranks={rdv.nranks}, rank {msg.rank} with nranks={msg.nranks}")
+            return
+        if msg.rank in rdv.arrivals:
+            self._error(client, rid, P.NCCL_INVALID_USAGE,
+                        f"communicator init {self._uid_label(rdv)}: rank {msg.rank} joined twice")
+            return
+        rdv.arrivals[msg.rank] = (client, rid, now)
+        if not rdv.name and msg.name:
+            rdv.name = msg.name
+        if len(rdv.arrivals) < rdv.nranks:
+            return
+        del self.inits[msg.unique_id]
+        self._waiting.pop(rdv, None)
+        arrivals = [rdv.arrivals[r] for r in range(rdv.nranks)]
+        clients = [a[0] for a in arrivals]
+        comm = self._new_comm(rdv.name, clients, assign_global_ranks(clients), None)
+        if self.recording:
+            self.recorder.comm_created(comm.record, [now - a[2] for a in arrivals])
+        ranks_body = struct.pack(f"<{comm.nranks}i", *comm.record.global_ranks)
+        for m, (c, r_id, _) in zip(comm.members, arrivals):
+            self._send(c, self._comm_info_frame(r_id, m.handle, m.rank, ranks_body, comm.nranks))
+
+    def _own_member(self, client: Client, handle: int, what: str, rid: int) -> Optional[Member]:
+        m = self.handles.get(handle)
+        if m is None or m.client is not client:
+            self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                        f"{what}: communicator handle {handle:#x} is not a live communicator of this process")
+            return None
+        return m
+
+    def _comm_split(self, client: Client, frame: P.Frame) -> None:
+        msg = P.decode_body(P.COMM_SPLIT, frame.body)
+        rid = frame.request_id
+        member = self._own_member(client, msg.parent_handle, "ncclCommSplit", rid)
+        if member is None:
+            return
+        comm = member.comm
+        if msg.color < -1:
+            self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                        f"ncclCommSplit on {comm.label()}: color {msg.color} is negative "
+                        "(only NCCL_SPLIT_NOCOLOR = -1 is allowed)")
+            return
+        if comm.gone_ranks:
+            self._error(client, rid, *self._gone_error(comm, "ncclCommSplit"))
+            return
+        seq = member.split_seq
+        member.split_seq += 1
+        now = self.clock()
+        rdv = comm.splits.get(seq)
+        if rdv is None:
+            rdv = comm.splits[seq] = SplitRendezvous(comm, seq, now, now + self.timeout_s)
+            self._waiting[rdv] = None
+        rdv.arrivals[member.rank] = (member, rid, msg.color, msg.key, msg.name, now)
+        if len(rdv.arrivals) < comm.nranks:
+            return
+        del comm.splits[seq]
+        self._waiting.pop(rdv, None)
+        by_color: dict = {}
+        for rank in range(comm.nranks):
+            a = rdv.arrivals[rank]
+            if a[2] != -1:
+                by_color.setdefault(a[2], []).append(a)
+            else:
+                self._send(a[0].client, self._comm_info_frame(a[1], 0, -1, b"", 0))
+        for color in sorted(by_color):
+            group = sorted(by_color[color], key=lambda a: (a[3], a[0].rank))
+            name = next((a[4] for a in group if a[4]), "")
+            new = self._new_comm(name, [a[0].client for a in group], [a[0].global_rank for a in group], comm.id)
+            if self.recording:
+                self.recorder.comm_created(new.record, [now - a[5] for a in group])
+            ranks_body = struct.pack(f"<{new.nranks}i", *new.record.global_ranks)
+            for m, a in zip(new.members, group):
+                self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, ranks_body, new.nranks))
+
+    def _comm_free(self, client: Client, frame: P.Frame) -> None:
+        msg = P.decode_body(P.COMM_FREE, frame.body)
+        if msg.how not in (P.FREE_DESTROY, P.FREE_ABORT, P.FREE_FINALIZE):
+            self._error(client, frame.request_id, P.NCCL_INVALID_ARGUMENT,
+                        f"COMM_FREE: unknown mode {msg.how} (0 destroy, 1 abort, 2 finalize)")
+            return
+        member = self._own_member(client, msg.comm_handle, "COMM_FREE", frame.request_id)
+        if member is None:
+            return
+        if msg.how == P.FREE_ABORT:
+            self._member_gone(member, P.NCCL_REMOTE_ERROR, f"rank {member.rank} aborted the communicator")
+        else:
+            verb = "destroyed" if msg.how == P.FREE_DESTROY else "finalized"
+            self._member_gone(member, P.NCCL_INVALID_USAGE, f"rank {member.rank} has {verb} the communicator")
+        self._send(client, frame_bytes(P.OK, frame.request_id, b""))
+
+    def _gone_error(self, comm: Comm, what: str) -> tuple:
+        rank, (code, reason) = next(iter(comm.gone_ranks.items()))
+        return code, f"{what} on {comm.label()}: {reason}"
+
+    def _member_gone(self, member: Member, code: int, reason: str) -> None:
+        """A member left (disconnect, abort, destroy): fail everything that waits on it."""
+        if member.gone is not None:
+            return
+        member.gone = (code, reason)
+        comm = member.comm
+        comm.gone_ranks[member.rank] = (code, reason)
+        self.handles.pop(member.handle, None)
+        if member in member.client.members:
+            member.client.members.remove(member)
+        rank = member.rank
+        for seq, slot in list(comm.slots.items()):
+            del comm.slots[seq]
+            self._waiting.pop(slot, None)
+            arrived = [s for s in slot.steps if s is not None]
+            op = describe_op(arrived[0].desc) if arrived else "?"
+            msg = f"{comm.label()} collective #{seq} {op}: {reason}"
+            for s in arrived:
+                self._op_done(s.group, s.index, code, msg)
+            missing = sum(1 for r, s in enumerate(slot.steps)
+                          if s is None and r not in comm.gone_ranks)
+            if missing:
+                comm.tombstones[seq] = [code, msg, missing]
+            self._record_failure(comm, seq, arrived, code, msg, slot.first_wall)
+        for (src, dst), q in comm.p2p.items():
+            if dst == rank:
+                for s in list(q.sends):
+                    if s.payload is None:
+                        q.sends.remove(s)
+                        self._waiting.pop(s, None)
+                        self._op_done(s.group, s.index, code,
+                                      f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
+                for s in list(q.recvs):
+                    q.recvs.remove(s)
+                    self._waiting.pop(s, None)
+                    self._op_done(s.group, s.index, code, f"{comm.label()} Recv on rank {dst}: {reason}")
+            if src == rank:
+                for s in list(q.recvs):
+                    q.recvs.remove(s)
+                    self._waiting.pop(s, None)
+                    self._op_done(s.group, s.index, code,
+                                  f"{comm.label()} Recv on rank {dst} from rank {src}: {reason}")
+                for s in list(q.sends):
+                    if s.payload is None:
+                        q.sends.remove(s)
+                        self._waiting.pop(s, None)
+                        self._op_done(s.group, s.index, code, f"{comm.label()} Send from rank {src}: {reason}")
+        for seq, rdv in list(comm.splits.items()):
+            del comm.splits[seq]
+            self._waiting.pop(rdv, None)
+            for a in rdv.arrivals.values():
+                if a[0] is not member:
+                    self._error(a[0].client, a[1], code, f"ncclCommSplit on {comm.label()}: {reason}")
+        if all(m.gone is not None for m in comm.members):
+            self.comms.pop(comm.id, None)
+
+    # ------------------------------------------------------------------ groups
+
+    def _group(self, client: Client, frame: P.Frame) -> None:
+        body = frame.body
+        rid = frame.request_id
+        if len(body) < 8:
+            raise P.ProtocolError(f"GROUP body of {len(body)} bytes is shorter than its 8-byte prefix")
+        n_ops, flags = _GROUP_PREFIX.unpack_from(body, 0)
+        desc_end = 8 + n_ops * 80
+        if len(body) < desc_end:
+            raise P.ProtocolError(f"GROUP declares {n_ops} ops but its body holds {len(body)} bytes")
+        if rid in client.groups:
+            raise P.ProtocolError(f"GROUP request_id {rid} is already in flight on this connection")
+        if not frame.payload_placed and len(body) > desc_end:
+            if client.shm:
+                raise P.ProtocolError("GROUP carries payload bytes on a shared-memory connection")
+            layout = P.group_payload_layout(body, len(body) - desc_end, client.S)
+            pos = desc_end
+            inp = client.inp
+            for off, ln in layout:
+                inp[off:off + ln] = np.frombuffer(body, dtype=np.uint8, count=ln, offset=pos)
+                pos += ln
+        descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
+        group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
+        client.groups[rid] = group
+        self.stats["groups"] += 1
+        if n_ops == 0:
+            self._finish_group(group)
+            return
+        now = self.clock()
+        handles = self.handles
+        queued_sends = None
+        for i, d in enumerate(descs):
+            member = handles.get(d[D_HANDLE])
+            if member is None or member.client is not client:
+                self._op_done(group, i, P.NCCL_INVALID_ARGUMENT,
+                              f"op {i} ({describe_op(d)}): communicator handle {d[D_HANDLE]:#x} is not "
+                              "a live communicator of this process")
+                continue
+            step = Step(group, i, d, member, now)
+            kind = d[D_KIND]
+            if kind == _SEND_KIND or kind == _RECV_KIND:
+                if self._submit_p2p(step, now) and group.partial:
+                    if queued_sends is None:
+                        queued_sends = []
+                    queued_sends.append(step)
+            else:
+                self._submit_collective(step, now)
+        if queued_sends:
+            # More frames of this group follow: keep unmatched Send payloads here so the
+            # peer's Recv (perhaps in a later frame of its own group) cannot deadlock.
+            for step in queued_sends:
+                if group.results[step.index] == -1 and step.payload is None:
+                    d = step.desc
+                    step.payload = client.inp[d[D_IN_OFF]:d[D_IN_OFF] + d[D_IN_LEN]].copy()
+                    self._waiting.pop(step, None)
+                    self._op_done(group, step.index, 0, None)
+
+    def _op_done(self, group: GroupState, index: int, result: int, message: Optional[str]) -> None:
+        if group.results[index] != -1:
+            return
+        group.results[index] = result
+        if result:
+            group.messages.append(message)
+        group.remaining -= 1
+        if group.remaining == 0:
+            self._finish_group(group)
+
+    def _finish_group(self, group: GroupState) -> None:
+        client = group.client
+        client.groups.pop(group.request_id, None)
+        if client.closed:
+            return
+        results = group.results
+        n = len(results)
+        if n == 1 and results[0] == 0:
+            head = _DONE_ONE_OK
+        else:
+            msg = ""
+            if group.messages:
+                uniq = list(dict.fromkeys(group.messages))
+                msg = "; ".join(uniq)
+            head = struct.pack(f"<I{n}i", n, *results) + P.encode_str(msg, truncate=True)
+        if client.shm:
+            self._out.append((SEND, client.id, _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE,
+                                                          group.request_id, len(head)) + head))
+            return
+        pieces = []
+        total = len(head)
+        outp = client.outp
+        for d, r in zip(group.descs, results):
+            ln = d[D_OUT_LEN]
+            if r == 0 and ln:
+                off = d[D_OUT_OFF]
+                pieces.append(outp[off:off + ln])
+                total += ln
+        first = _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE, group.request_id, total) + head
+        if not pieces:
+            self._out.append((SEND, client.id, first))
+        elif total < 65536:
+            self._out.append((SEND, client.id, first + b"".join(p.tobytes() for p in pieces)))
+        else:
+            self._out.append((SEND, client.id, [first, *pieces]))
+
+    # ------------------------------------------------------------------ collectives
+
+    def _submit_collective(self, step: Step, now: float) -> None:
+        member = step.member
+        comm = member.comm
+        seq = member.coll_seq
+        member.coll_seq = seq + 1
+        err = validate(step.desc, member, member.client.S)
+        if err is not None:
+            step.error = err
+        tomb = comm.tombstones.get(seq)
+        if tomb is not None:
+            tomb[2] -= 1
+            if tomb[2] <= 0:
+                del comm.tombstones[seq]
+            self._op_done(step.group, step.index, tomb[0], tomb[1])
+            return
+        if comm.gone_ranks:
+            code, msg = self._gone_error(comm, f"collective #{seq} {describe_op(step.desc)}")
+            self._op_done(step.group, step.index, code, msg)
+            return
+        slot = comm.slots.get(seq)
+        if slot is None:
+            slot = comm.slots[seq] = Slot(comm, seq, comm.nranks, now, self.wall(), now + self.timeout_s)
+            self._waiting[slot] = None
+        slot.steps[member.rank] = step
+        slot.arrived += 1
+        if slot.arrived == comm.nranks:
+            del comm.slots[seq]
+            del self._waiting[slot]
+            self._run_slot(slot, now)
+
+    def _run_slot(self, slot: Slot, now: float) -> None:
+        steps = slot.steps
+        comm = slot.comm
+        first = steps[0].desc
+        sig = signature(first)
+        bad = None
+        for s in steps:
+            if s.error is not None:
+                bad = s
+                break
+        if bad is None:
+            for s in steps:
+                if signature(s.desc) != sig:
+                    msg = mismatch_message(comm, slot.seq, steps)
+                    for t in steps:
+                        self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
+                    self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
+                    return
+        else:
+            rejected = "; ".join(f"rank {s.member.rank}: {s.error}" for s in steps if s.error)
+            msg = f"{comm.label()} collective #{slot.seq}: invalid arguments ({rejected})"
+            for t in steps:
+                self._op_done(t.group, t.index,
+                              P.NCCL_INVALID_ARGUMENT if t.error else P.NCCL_INVALID_USAGE, msg)
+            self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_ARGUMENT, msg, slot.first_wall)
+            return
+        kind = first[D_KIND]
+        dt = DTYPES[first[D_DTYPE]]
+        ins = []
+        outs = []
+        for s in steps:
+            d = s.desc
+            c = s.member.client
+            ins.append(c.inp[d[D_IN_OFF]:d[D_IN_OFF] + d[D_IN_LEN]])
+            outs.append(c.outp[d[D_OUT_OFF]:d[D_OUT_OFF] + d[D_OUT_LEN]])
+        redop = first[D_REDOP]
+        scalars = [s.desc[D_SCALAR] for s in steps] if redop == _PREMUL else None
+        t0 = self.clock()
+        try:
+            EXECUTORS[kind](dt, redop, first[D_STEP], first[D_ROOT], ins, outs, scalars)
+        except Exception as exc:  # a bug here must not take the coordinator down
+            log.exception("executing %s failed", describe_op(first))
+            msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
+            for t in steps:
+                self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
+            return
+        self.stats["ops"] += 1
+        if self.recording:
+            self._record_collective(slot, steps, first, dt, t0, self.clock())
+        for s in steps:
+            self._op_done(s.group, s.index, 0, None)
+
+    # ------------------------------------------------------------------ send / recv
+
+    def _submit_p2p(self, step: Step, now: float) -> bool:
+        """Returns True when a Send was queued unmatched."""
+        d = step.desc
+        member = step.member
+        comm = member.comm
+        err = validate(d, member, member.client.S)
+        if err is not None:
+            self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
+                          f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")
+            return False
+        peer = d[D_ROOT]
+        if d[D_KIND] == _SEND_KIND:
+            key = (member.rank, peer)
+            q = comm.p2p.get(key)
+            if q is None:
+                q = comm.p2p[key] = PairQueue()
+            if q.recvs:
+                recv = q.recvs.popleft()
+                self._waiting.pop(recv, None)
+                self._match_p2p(comm, key, q, step, recv)
+                return False
+            if peer in comm.gone_ranks:
+                self._op_done(step.group, step.index, comm.gone_ranks[peer][0],
+                              f"{comm.label()} Send from rank {member.rank} to rank {peer}: "
+                              f"{comm.gone_ranks[peer][1]}")
+                return False
+            step.deadline = now + self.timeout_s
+            q.sends.append(step)
+            self._waiting[step] = None
+            return True
+        key = (peer, member.rank)
+        q = comm.p2p.get(key)
+        if q is None:
+            q = comm.p2p[key] = PairQueue()
+        if q.sends:
+            send = q.sends.popleft()
+            if send.payload is None:
+                self._waiting.pop(send, None)
+            self._match_p2p(comm, key, q, send, step)
+            return False
+        if peer in comm.gone_ranks:
+            self._op_done(step.group, step.index, comm.gone_ranks[peer][0],
+                          f"{comm.label()} Recv on rank {member.rank} from rank {peer}: "
+                          f"{comm.gone_ranks[peer][1]}")
+            return False
+        step.deadline = now + self.timeout_s
+        q.recvs.append(step)
+        self._waiting[step] = None
+        return False
+
+    def _match_p2p(self, comm: Comm, key: tuple, q: PairQueue, send: Step, recv: Step) -> None:
+        sd, rd = send.desc, recv.desc
+        q.matched += 1
+        if sd[D_DTYPE] != rd[D_DTYPE] or sd[D_STEP] != rd[D_STEP] or sd[D_TOTAL] != rd[D_TOTAL]:
+            msg = (f"{comm.label()} Send/Recv #{q.matched - 1} from rank {key[0]} to rank {key[1]} disagree: "
+                   f"rank {key[0]} sends {describe_op(sd)}; rank {key[1]} receives {describe_op(rd)}")
+            if send.payload is None:
+                self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
+            self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
+            return
+        src = send.payload
+        if src is None:
+            src = send.member.client.inp[sd[D_IN_OFF]:sd[D_IN_OFF] + sd[D_IN_LEN]]
+        dst = recv.member.client.outp[rd[D_OUT_OFF]:rd[D_OUT_OFF] + rd[D_OUT_LEN]]
+        t0 = self.clock()
+        copy_p2p(src, dst)
+        self.stats["ops"] += 1
+        if self.recording:
+            self._record_p2p(comm, key, q, send, recv, t0, self.clock())
+        if send.payload is None:
+            self._op_done(send.group, send.index, 0, None)
+        self._op_done(recv.group, recv.index, 0, None)
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _expire_slot(self, slot: Slot) -> None:
+        comm = slot.comm
+        comm.slots.pop(slot.seq, None)
+        arrived = [s for s in slot.steps if s is not None]
+        missing = [r for r, s in enumerate(slot.steps) if s is None]
+        asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in arrived)
+        msg = (f"{comm.label()} collective #{slot.seq} {describe_op(arrived[0].desc)}: "
+               f"ranks {missing} did not arrive within {self.timeout_ms} ms "
+               f"(FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: {asked}")
+        log.warning("timeout: %s", msg)
+        for s in arrived:
+            self._op_done(s.group, s.index, P.NCCL_TIMEOUT, msg)
+        comm.tombstones[slot.seq] = [P.NCCL_TIMEOUT, msg, len(missing)]
+        self._record_failure(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, slot.first_wall)
+
+    def _expire_p2p(self, step: Step) -> None:
+        d = step.desc
+        comm = step.member.comm
+        me = step.member.rank
+        peer = d[D_ROOT]
+        if d[D_KIND] == _SEND_KIND:
+            q = comm.p2p.get((me, peer))
+            if q is not None and step in q.sends:
+                q.sends.remove(step)
+            msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
+                   f"Recv within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
+        else:
+            q = comm.p2p.get((peer, me))
+            if q is not None and step in q.recvs:
+                q.recvs.remove(step)
+            msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
+                   f"Send within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
+        log.warning("timeout: %s", msg)
+        self._op_done(step.group, step.index, P.NCCL_TIMEOUT, msg)
+
+    def _expire_init(self, rdv: InitRendezvous) -> None:
+        self.inits.pop(rdv.uid, None)
+        missing = [r for r in range(rdv.nranks) if r not in rdv.arrivals]
+        msg = (f"communicator init {self._uid_label(rdv)} of {rdv.nranks} ranks: ranks {missing} did not "
+               f"arrive within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: "
+               f"{sorted(rdv.arrivals)}")
+        log.warning("timeout: %s", msg)
+        for client, rid, _ in rdv.arrivals.values():
+            self._error(client, rid, P.NCCL_TIMEOUT, msg)
+
+    def _expire_split(self, rdv: SplitRendezvous) -> None:
+        comm = rdv.comm
+        comm.splits.pop(rdv.seq, None)
+        missing = [r for r in range(comm.nranks) if r not in rdv.arrivals]
+        msg = (f"ncclCommSplit #{rdv.seq} on {comm.label()}: ranks {missing} did not arrive within "
+               f"{self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: {sorted(rdv.arrivals)}")
+        log.warning("timeout: %s", msg)
+        for a in rdv.arrivals.values():
+            self._error(a[0].client, a[1], P.NCCL_TIMEOUT, msg)
+        # Keep the members' split counters aligned: late arrivals of this split fail at once.
+        # (They will form a new rendezvous with seq == rdv.seq and time out again otherwise.)
+
+    # ------------------------------------------------------------------ simulate
+
+    def _simulate(self, client: Client, frame: P.Frame) -> None:
+        msg = P.decode_body(P.SIMULATE, frame.body)
+        rid = frame.request_id
+        if self.cost_fn is None:
+            self._error(client, rid, P.NCCL_INVALID_USAGE,
+                        "SIMULATE: the cost model (fakegpu.costmodel) is not available in this coordinator")
+            return
+        total = 0.0
+        for i, op in enumerate(msg.ops):
+            member = self.handles.get(op.comm_handle)
+            if member is None or member.client is not client:
+                self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                            f"SIMULATE op {i}: communicator handle {op.comm_handle:#x} is not a live "
+                            "communicator of this process")
+                return
+            dt = DTYPES.get(op.datatype)
+            if dt is None or op.kind not in P.KIND_NAMES:
+                self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                            f"SIMULATE op {i}: unknown kind {op.kind} or datatype {op.datatype}")
+                return
+            root, peer = op.root, -1
+            if op.kind == _SEND_KIND:
+                root, peer = member.rank, op.root
+            elif op.kind == _RECV_KIND:
+                root, peer = op.root, member.rank
+            kind = "SendRecv" if op.kind in P.P2P_KINDS else P.KIND_NAMES[op.kind]
+            try:
+                total += float(self.cost_fn(kind, op.total_count, dt.size, member.comm.record.global_ranks,
+                                            root, peer, self.topology))
+            except Exception as exc:
+                self._error(client, rid, P.NCCL_INTERNAL_ERROR, f"SIMULATE op {i}: cost model failed: {exc}")
+                return
+        self._send(client, frame_bytes(P.SIMULATE_DONE, rid, struct.pack("<d", total * 1e6)))
+
+    # ------------------------------------------------------------------ accounting
+
+    def _record_collective(self, slot: Slot, steps: list, first: tuple, dt, t0: float, t1: float) -> None:
+        comm = slot.comm
+        call = comm.call
+        if call is None or first[D_FLAGS] & _FIRST:
+            call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq, "rendezvous_s": 0.0,
+                                "execution_s": 0.0, "socket_bytes": 0, "waits": {}}
+        last_arrival = max(s.arrived_at for s in steps)
+        call["rendezvous_s"] += last_arrival - slot.first_at
+        call["execution_s"] += t1 - t0
+        waits = call["waits"]
+        for s in steps:
+            g = s.member.global_rank
+            waits[g] = waits.get(g, 0.0) + (last_arrival - s.arrived_at)
+            if not s.member.client.shm:
+                call["socket_bytes"] += s.desc[D_IN_LEN] + s.desc[D_OUT_LEN]
+        if first[D_FLAGS] & _LAST or not first[D_FLAGS] & (_FIRST | _LAST):
+            comm.call = None
+            kind = first[D_KIND]
+            self._emit(comm, P.KIND_NAMES[kind], dt, first[D_REDOP] if kind in P.REDUCING_KINDS else None,
+                       first[D_TOTAL], first[D_ROOT] if kind in P.ROOTED_KINDS else -1, -1,
+                       tuple(range(comm.nranks)), logical_bytes(kind, first[D_TOTAL], dt.size, comm.nranks),
+                       call, "ok", "")
+
+    def _record_p2p(self, comm: Comm, key: tuple, q: PairQueue, send: Step, recv: Step,
+                    t0: float, t1: float) -> None:
+        sd = send.desc
+        call = comm.p2p_calls.get(key)
+        if call is None or sd[D_FLAGS] & _FIRST:
+            call = comm.p2p_calls[key] = {"started_at": self.wall() - (t0 - send.arrived_at), "seq": q.matched - 1,
+                                          "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0,
+                                          "waits": {}}
+        later = max(send.arrived_at, recv.arrived_at)
+        call["rendezvous_s"] += abs(send.arrived_at - recv.arrived_at)
+        call["execution_s"] += t1 - t0
+        for s in (send, recv):
+            g = s.member.global_rank
+            call["waits"][g] = call["waits"].get(g, 0.0) + (later - s.arrived_at)
+        if not send.member.client.shm and send.payload is None:
+            call["socket_bytes"] += sd[D_IN_LEN]
+        if not recv.member.client.shm:
+            call["socket_bytes"] += recv.desc[D_OUT_LEN]
+        if sd[D_FLAGS] & _LAST or not sd[D_FLAGS] & (_FIRST | _LAST):
+            del comm.p2p_calls[key]
+            dt = DTYPES[sd[D_DTYPE]]
+            self._emit(comm, "SendRecv", dt, None, sd[D_TOTAL], key[0], key[1], key,
+                       sd[D_TOTAL] * dt.size, call, "ok", "")
+
+    def _record_failure(self, comm: Comm, seq: int, steps: list, code: int, msg: str, started: float) -> None:
+        if not self.recording or not steps:
+            return
+        d = steps[0].desc
+        dt = DTYPES.get(d[D_DTYPE]) or DTYPES[0]
+        kind = d[D_KIND]
+        call = {"started_at": started, "seq": seq, "rendezvous_s": 0.0, "execution_s": 0.0,
+                "socket_bytes": 0, "waits": {}}
+        self._emit(comm, P.KIND_NAMES.get(kind, str(kind)), dt,
+                   d[D_REDOP] if kind in P.REDUCING_KINDS else None, d[D_TOTAL],
+                   d[D_ROOT] if kind in P.ROOTED_KINDS else -1, -1,
+                   tuple(s.member.rank for s in steps), logical_bytes(kind, d[D_TOTAL], dt.size, comm.nranks),
+                   call, _STATUS_BY_RESULT.get(code, "error"), msg)
+
+    def _emit(self, comm, kind_name, dt, redop, count, root, peer, ranks, nbytes, call, status, error):
+        try:
+            self.recorder.op_completed(OpRecord(
+                comm=comm.record, kind=kind_name, datatype=dt.name,
+                redop=P.REDOP_NAMES.get(redop) if redop is not None else None, count=count,
+                elem_size=dt.size, root=root, peer=peer, ranks=tuple(ranks), logical_bytes=nbytes,
+                socket_bytes=call["socket_bytes"], seq=call["seq"], started_at=call["started_at"],
+                rendezvous_s=call["rendezvous_s"], execution_s=call["execution_s"],
+                arrival_wait_s=dict(call["waits"]), status=status, error=error))
+        except Exception:  # the report must never break the data path
+            log.exception("recorder failed on op_completed")
+
+
+def _version() -> str:
+    try:
+        from fakegpu import __version__
+        return __version__
+    except Exception:  # pragma: no cover
+        return "unknown"

@@ -1,0 +1,154 @@
+"""Matching state and diagnostics: collective slots, Send/Recv queues, op validation.
+
+An OpDesc travels as the raw tuple ``OPDESC_STRUCT.unpack_from`` returns (no dataclass on
+the hot path); the ``D_*`` constants name its indices.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+from fakegpu import protocol as P
+from fakegpu.coordinator.collectives.numerics import DTYPES
+
+D_HANDLE, D_KIND, D_DTYPE, D_REDOP, D_FLAGS, D_ROOT, D_TOTAL, D_STEP, D_IN_OFF, D_IN_LEN, \
+    D_OUT_OFF, D_OUT_LEN, D_SCALAR, D_CALL_SEQ, D_RESERVED = range(15)
+
+_REDUCING = P.REDUCING_KINDS
+_ROOTED = P.ROOTED_KINDS
+
+
+class GroupState:
+    """One GROUP frame of one client, until every op has completed or failed."""
+    __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial")
+
+    def __init__(self, client, request_id: int, descs: list, partial: bool):
+        self.client = client
+        self.request_id = request_id
+        self.descs = descs
+        self.results = [-1] * len(descs)
+        self.messages: list = []
+        self.remaining = len(descs)
+        self.partial = partial
+
+
+class Step:
+    """One op of a GROUP frame, as it waits to be matched."""
+    __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload")
+
+    def __init__(self, group: GroupState, index: int, desc: tuple, member, arrived_at: float):
+        self.group = group
+        self.index = index
+        self.desc = desc
+        self.member = member
+        self.arrived_at = arrived_at
+        self.error: Optional[str] = None   # set when this rank's arguments were rejected
+        self.deadline = 0.0
+        self.payload = None                # a Send's copied input, once its group went on
+
+
+class Slot:
+    """The k-th collective step of every member of a communicator."""
+    __slots__ = ("comm", "seq", "steps", "arrived", "first_at", "first_wall", "deadline")
+
+    def __init__(self, comm, seq: int, nranks: int, now: float, wall: float, deadline: float):
+        self.comm = comm
+        self.seq = seq
+        self.steps: list = [None] * nranks
+        self.arrived = 0
+        self.first_at = now
+        self.first_wall = wall
+        self.deadline = deadline
+
+
+class PairQueue:
+    """Send/Recv steps of one (communicator, sender, receiver), matched in order."""
+    __slots__ = ("sends", "recvs", "matched")
+
+    def __init__(self):
+        self.sends: deque = deque()
+        self.recvs: deque = deque()
+        self.matched = 0
+
+
+def signature(desc: tuple) -> tuple:
+    """What all members of a collective step must agree on."""
+    kind = desc[D_KIND]
+    return (kind, desc[D_DTYPE], desc[D_REDOP] if kind in _REDUCING else 0,
+            desc[D_ROOT] if kind in _ROOTED else -1, desc[D_TOTAL], desc[D_STEP])
+
+
+def describe_op(desc: tuple) -> str:
+    kind = desc[D_KIND]
+    dt = DTYPES.get(desc[D_DTYPE])
+    parts = [P.KIND_NAMES.get(kind, f"kind {kind}"), dt.name if dt else f"datatype {desc[D_DTYPE]}"]
+    if kind in _REDUCING:
+        parts.append(P.REDOP_NAMES.get(desc[D_REDOP], f"redop {desc[D_REDOP]}"))
+    parts.append(f"count={desc[D_TOTAL]}")
+    if desc[D_STEP] != desc[D_TOTAL]:
+        parts.append(f"step_count={desc[D_STEP]}")
+    if kind in _ROOTED:
+        parts.append(f"root={desc[D_ROOT]}")
+    if kind in P.P2P_KINDS:
+        parts.append(f"peer={desc[D_ROOT]}")
+    return " ".join(parts) + f" (call {desc[D_CALL_SEQ]})"
+
+
+def mismatch_message(comm, seq: int, steps: list) -> str:
+    sigs = [signature(s.desc) for s in steps]
+    names = ("op", "datatype", "reduction", "root", "count", "step count")
+    differing = [names[i] for i in range(len(names)) if len({sig[i] for sig in sigs}) > 1]
+    asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in steps)
+    return (f"{comm.label()} collective #{seq}: members disagree on {', '.join(differing)}: {asked}")
+
+
+def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: int) -> tuple:
+    """(in_len, out_len) a member must stage for one step (docs/protocol.md table)."""
+    c = count * size
+    if kind == P.KIND_ALLREDUCE:
+        return c, c
+    if kind == P.KIND_BROADCAST:
+        return (c if rank == root else 0), c
+    if kind == P.KIND_REDUCE:
+        return c, (c if rank == root else 0)
+    if kind == P.KIND_ALLGATHER:
+        return c, n * c
+    if kind == P.KIND_REDUCESCATTER:
+        return n * c, c
+    if kind == P.KIND_ALLTOALL:
+        return n * c, n * c
+    if kind == P.KIND_GATHER:
+        return c, (n * c if rank == root else 0)
+    if kind == P.KIND_SCATTER:
+        return (n * c if rank == root else 0), c
+    if kind == P.KIND_SEND:
+        return c, 0
+    return 0, c  # Recv
+
+
+def validate(desc: tuple, member, S: int) -> Optional[str]:
+    """None when the op is well formed for this member, else what is wrong."""
+    kind = desc[D_KIND]
+    if kind not in P.KIND_NAMES:
+        return f"unknown op kind {kind}"
+    dt = DTYPES.get(desc[D_DTYPE])
+    if dt is None:
+        return f"unknown datatype {desc[D_DTYPE]} (valid: 0..11)"
+    if kind in _REDUCING and desc[D_REDOP] not in P.REDOP_NAMES:
+        return f"unknown reduction {desc[D_REDOP]} (valid: 0..5)"
+    n = member.comm.nranks
+    root = desc[D_ROOT]
+    if (kind in _ROOTED or kind in P.P2P_KINDS) and not 0 <= root < n:
+        what = "root" if kind in _ROOTED else "peer"
+        return f"{P.KIND_NAMES[kind]} {what} {root} is not a rank of a {n}-rank communicator"
+    if desc[D_STEP] > desc[D_TOTAL]:
+        return f"step_count {desc[D_STEP]} exceeds the call's count {desc[D_TOTAL]}"
+    want_in, want_out = expected_lengths(kind, desc[D_STEP], dt.size, n, member.rank, root)
+    if desc[D_IN_LEN] != want_in or desc[D_OUT_LEN] != want_out:
+        return (f"{P.KIND_NAMES[kind]} of {desc[D_STEP]} {dt.name} on rank {member.rank} of {n} stages "
+                f"in_len={desc[D_IN_LEN]} out_len={desc[D_OUT_LEN]}, expected in_len={want_in} "
+                f"out_len={want_out}")
+    if desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S:
+        return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
+                f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted")
+    return None

@@ -1,0 +1,129 @@
+"""Clients, communicators and their members (pure data, no I/O).
+
+A *client* is one connected process. A *communicator* has ``nranks`` *members*; each
+member is one (communicator, rank) and has its own u64 handle, because one process may
+hold several ranks of a communicator (ncclCommInitAll). Global ranks follow
+docs/protocol.md: the process's HELLO global_rank, else the rank(s) it took in the first
+communicator it joined.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from fakegpu.coordinator.records import ClientRecord, CommRecord
+
+
+class Client:
+    __slots__ = ("id", "hello", "transport", "shm", "staging", "S", "inp", "outp", "global_ranks",
+                 "members", "groups", "record", "closed", "inp_mv")
+
+    def __init__(self, client_id: int, hello, transport: str, staging: np.ndarray, S: int, shm: bool):
+        self.id = client_id
+        self.hello = hello
+        self.transport = transport
+        self.shm = shm
+        self.staging = staging
+        self.S = S
+        self.inp = staging[:S]
+        self.outp = staging[S:2 * S]
+        self.inp_mv = memoryview(self.inp) if not shm else None
+        self.global_ranks: Optional[list] = [hello.global_rank] if hello.global_rank >= 0 else None
+        self.members: list = []
+        self.groups: dict = {}   # request_id -> GroupState in flight
+        self.closed = False
+        self.record = ClientRecord(client_id=client_id, pid=hello.pid, hostname=hello.hostname,
+                                   global_rank=hello.global_rank, transport=transport, shared_memory=shm)
+
+    def describe(self) -> str:
+        g = self.hello.global_rank
+        return f"pid {self.hello.pid} on {self.hello.hostname or '?'}" + (f" (RANK {g})" if g >= 0 else "")
+
+
+class Member:
+    __slots__ = ("handle", "comm", "rank", "client", "global_rank", "coll_seq", "split_seq", "gone")
+
+    def __init__(self, handle: int, comm: "Comm", rank: int, client: Client, global_rank: int):
+        self.handle = handle
+        self.comm = comm
+        self.rank = rank
+        self.client = client
+        self.global_rank = global_rank
+        self.coll_seq = 0      # index of this member's next collective step
+        self.split_seq = 0     # index of this member's next CommSplit on this comm
+        self.gone: Optional[tuple] = None   # (nccl_result, reason) once dead/aborted/freed
+
+
+class Comm:
+    __slots__ = ("id", "name", "nranks", "members", "record", "slots", "tombstones", "p2p",
+                 "gone_ranks", "splits", "call", "p2p_calls")
+
+    def __init__(self, comm_id: int, name: str, parent_id: Optional[int]):
+        self.id = comm_id
+        self.name = name
+        self.nranks = 0
+        self.members: list = []
+        self.record = CommRecord(comm_id=comm_id, name=name, global_ranks=(), parent_id=parent_id)
+        self.slots: dict = {}          # collective seq -> Slot
+        self.tombstones: dict = {}     # collective seq -> [result, message, ranks still to arrive]
+        self.p2p: dict = {}            # (sender, receiver) -> PairQueue
+        self.gone_ranks: dict = {}     # rank -> (result, reason)
+        self.splits: dict = {}         # split seq -> SplitRendezvous
+        self.call = None               # accumulator of the collective call in progress
+        self.p2p_calls: dict = {}      # (sender, receiver) -> accumulator
+
+    def set_members(self, members: list) -> None:
+        self.members = members
+        self.nranks = len(members)
+        self.record = CommRecord(comm_id=self.id, name=self.name,
+                                 global_ranks=tuple(m.global_rank for m in members),
+                                 parent_id=self.record.parent_id)
+
+    def label(self) -> str:
+        return f"comm {self.id}" + (f" ({self.name!r})" if self.name else "") + f" [{self.nranks} ranks]"
+
+
+def assign_global_ranks(clients_by_rank: list) -> list:
+    """Global rank of each member (index = rank in the new communicator)."""
+    seen: dict = {}
+    for rank, client in enumerate(clients_by_rank):
+        seen.setdefault(client.id, []).append(rank)
+    for client in {c.id: c for c in clients_by_rank}.values():
+        if client.global_ranks is None:
+            # First communicator this process joined without RANK: its ranks there.
+            client.global_ranks = list(seen[client.id])
+    out = []
+    index_in_client: dict = {}
+    for client in clients_by_rank:
+        j = index_in_client.get(client.id, 0)
+        index_in_client[client.id] = j + 1
+        base = client.global_ranks
+        out.append(base[j] if j < len(base) else base[-1] + (j - len(base) + 1))
+    return out
+
+
+class InitRendezvous:
+    """Members of one unique id gathering for COMM_INIT."""
+    __slots__ = ("uid", "nranks", "name", "arrivals", "first_at", "deadline", "first_wall")
+
+    def __init__(self, uid: bytes, nranks: int, name: str, now: float, deadline: float, wall: float):
+        self.uid = uid
+        self.nranks = nranks
+        self.name = name
+        self.arrivals: dict = {}   # rank -> (client, request_id, arrived_at)
+        self.first_at = now
+        self.deadline = deadline
+        self.first_wall = wall
+
+
+class SplitRendezvous:
+    """Members of a parent communicator gathering for their k-th COMM_SPLIT."""
+    __slots__ = ("comm", "seq", "arrivals", "first_at", "deadline")
+
+    def __init__(self, comm: Comm, seq: int, now: float, deadline: float):
+        self.comm = comm
+        self.seq = seq
+        self.arrivals: dict = {}   # parent rank -> (member, request_id, color, key, name, arrived_at)
+        self.first_at = now
+        self.deadline = deadline
