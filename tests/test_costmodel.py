@@ -1,0 +1,234 @@
+"""Cost model against hand-computed alpha-beta values, byte attribution and calibration.
+
+Efficiencies used in the hand computations (docs/cost-model.md): NVLink 0.82, PCIe 0.80,
+InfiniBand 0.92, TCP 0.85, NVLS 0.60 of the NVLink port with a 25 us base latency.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fakegpu import costmodel
+from fakegpu.costmodel import estimate, estimate_seconds
+from fakegpu.topology import load_cluster_config, parse_cluster_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
+MiB = 1 << 20
+
+
+def cfg(name: str):
+    return load_cluster_config(CONFIGS / name)
+
+
+def two_by_two(oversubscription: float = 1.5, nics: int = 1):
+    text = (CONFIGS / "dev-2node-2gpu.yaml").read_text()
+    text = text.replace("oversubscription: 1.5", f"oversubscription: {oversubscription}")
+    text = text.replace("    host: 127.0.0.1\n", f"    host: 127.0.0.1\n    nics: {nics}\n")
+    return parse_cluster_config(text)
+
+
+# dev-2node-2gpu: A100/H100 ports capped at 2400 Gb/s = 300 GB/s, HDR 200 Gb/s / 1.5, alpha 3 / 15 us
+PORT = 300e9 * 0.82
+NIC = 200e9 / 8 / 1.5 * 0.92
+
+
+def test_kind_normalisation():
+    assert costmodel.normalize_kind("all_reduce") == "AllReduce"
+    assert costmodel.normalize_kind("AllToAll") == "AlltoAll"
+    assert costmodel.normalize_kind("Send") == "SendRecv"
+    assert costmodel.normalize_kind("reduce_scatter") == "ReduceScatter"
+    with pytest.raises(ValueError, match="unknown operation kind"):
+        costmodel.normalize_kind("AllShuffle")
+
+
+@pytest.mark.parametrize("kind, count, n, size, factor", [
+    ("AllReduce", 100, 4, 400, 1.5),
+    ("ReduceScatter", 100, 4, 1600, 0.75),
+    ("AllGather", 100, 4, 1600, 0.75),
+    ("Broadcast", 100, 4, 400, 1.0),
+    ("Reduce", 100, 4, 400, 1.0),
+    ("AlltoAll", 100, 4, 1600, 0.75),
+    ("Gather", 100, 4, 1600, 0.75),
+    ("Scatter", 100, 4, 1600, 0.75),
+    ("SendRecv", 100, 2, 400, 1.0),
+])
+def test_nccl_tests_conventions(kind, count, n, size, factor):
+    assert costmodel.logical_bytes(kind, count, 4, n) == size
+    assert costmodel.busbw_factor(kind, n) == pytest.approx(factor)
+    assert costmodel.busbw_gbs(kind, 1e9, 0.5, n) == pytest.approx(2.0 * factor)
+    assert costmodel.algbw_gbs(1e9, 0) == 0.0
+
+
+def test_hierarchical_allreduce_on_two_nodes_matches_formula():
+    topo = cfg("dev-2node-2gpu.yaml")
+    e = estimate("AllReduce", MiB // 4, 4, [0, 1, 2, 3], -1, -1, topo)
+    assert e.algorithm == "hierarchical"
+    # intra ring of g=2: each port carries 2(g-1)/g S = S; inter: 2 rails share the single NIC,
+    # each rail ring of N=2 nodes moves 2(N-1)/N * S/g = S/2 per direction -> S on the NIC.
+    expected = 2 * 1 * 3e-6 + 2 * 1 * 15e-6 + max(MiB / PORT, MiB / NIC)
+    assert e.seconds == pytest.approx(expected)
+    assert e.transfers == {(0, 1): MiB, (1, 0): MiB, (2, 3): MiB, (3, 2): MiB,
+                           (0, 2): MiB // 2, (2, 0): MiB // 2, (1, 3): MiB // 2, (3, 1): MiB // 2}
+    assert e.node_bytes == {(0, 0): 2 * MiB, (1, 1): 2 * MiB, (0, 1): MiB, (1, 0): MiB}
+    # ring would need 2(n-1) steps at the inter-node latency and the same bytes over the NIC
+    ring = 6 * 15e-6 + 1.5 * MiB / NIC
+    assert e.candidates["ring"] == pytest.approx(ring)
+    assert estimate_seconds("AllReduce", MiB // 4, 4, [0, 1, 2, 3], -1, -1, topo) == pytest.approx(expected)
+    # every rank moves 2(n-1)/n of the payload, whatever the algorithm
+    for r in range(4):
+        assert sum(b for (s, _), b in e.transfers.items() if s == r) == 1.5 * MiB
+
+
+def test_ring_allreduce_single_node_and_per_link_bytes():
+    topo = cfg("a100-1node-8gpu-nvlink.yaml")
+    S = 1 << 30
+    e = estimate("AllReduce", S // 4, 4, list(range(8)), -1, -1, topo)
+    assert e.algorithm == "ring"
+    expected = 2 * 7 * 3e-6 + 2 * 7 / 8 * S / (300e9 * 0.82)
+    assert e.seconds == pytest.approx(expected)
+    assert len(e.transfers) == 8
+    assert all(b == 2 * 7 * S // 8 for b in e.transfers.values())
+    assert e.busbw_gbs == pytest.approx(2 * 7 / 8 * S / expected / 1e9)
+
+
+def test_tree_wins_small_messages():
+    topo = cfg("a100-1node-8gpu-nvlink.yaml")
+    e = estimate("AllReduce", 2, 4, list(range(8)), -1, -1, topo)
+    assert e.algorithm == "tree"
+    # double binary tree of 8: depth 3, 2*depth hops; busiest port carries 2 x 8 bytes / 2 per tree
+    assert e.latency_s == pytest.approx(2 * 3 * 3e-6)
+    assert e.seconds == pytest.approx(e.latency_s + e.bandwidth_s)
+    assert e.candidates["ring"] == pytest.approx(2 * 7 * 3e-6 + 2 * 7 / 8 * 8 / (300e9 * 0.82))
+
+
+def test_oversubscription_slows_inter_node_links():
+    base = estimate("AllReduce", 64 * MiB, 4, [0, 1, 2, 3], -1, -1, two_by_two(1.0))
+    slow = estimate("AllReduce", 64 * MiB, 4, [0, 1, 2, 3], -1, -1, two_by_two(2.0))
+    assert slow.bandwidth_s == pytest.approx(2 * base.bandwidth_s)
+    intra_only = estimate("AllReduce", 64 * MiB, 4, [0, 1], -1, -1, two_by_two(2.0))
+    assert intra_only.seconds == pytest.approx(
+        estimate("AllReduce", 64 * MiB, 4, [0, 1], -1, -1, two_by_two(1.0)).seconds)
+
+
+def test_more_nics_speed_up_rails():
+    one = estimate("AllReduce", 64 * MiB, 4, [0, 1, 2, 3], -1, -1, two_by_two(1.0, nics=1))
+    two = estimate("AllReduce", 64 * MiB, 4, [0, 1, 2, 3], -1, -1, two_by_two(1.0, nics=2))
+    assert two.seconds < one.seconds
+
+
+def test_sendrecv_exact_bytes():
+    topo = cfg("dev-2node-2gpu.yaml")
+    intra = estimate("SendRecv", 1000, 2, [0, 1, 2, 3], 0, 1, topo)
+    assert intra.transfers == {(0, 1): 2000}
+    assert intra.seconds == pytest.approx(3e-6 + 2000 / PORT)
+    inter = estimate("Send", 1000, 2, [1, 2], 0, 1, topo)
+    assert inter.transfers == {(1, 2): 2000}
+    assert inter.node_bytes == {(0, 1): 2000}
+    assert inter.seconds == pytest.approx(15e-6 + 2000 / NIC)
+    assert estimate("SendRecv", 10, 4, [3], 0, 0, topo).seconds == 0.0
+
+
+def test_sendrecv_over_one_ndr_rail_calibration():
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    S = 1 << 30
+    e = estimate("SendRecv", S, 1, list(range(16)), 0, 8, topo)
+    # a healthy 400 Gb/s NDR NIC gives ~46-48 GB/s
+    assert 44 <= e.algbw_gbs <= 48
+
+
+def test_alltoall_pairwise():
+    topo = cfg("dev-2node-2gpu.yaml")
+    e = estimate("AlltoAll", 1000, 4, [0, 1, 2, 3], -1, -1, topo)
+    assert e.algorithm == "pairwise"
+    assert len(e.transfers) == 12 and set(e.transfers.values()) == {4000}
+    assert e.logical_bytes == 16000
+    # each node sends 2 ranks x 2 remote peers x 4000 bytes through its one NIC
+    assert e.seconds == pytest.approx(3 * 15e-6 + 4 * 4000 / NIC)
+
+
+def test_allgather_reducescatter_ring():
+    topo = cfg("a100-1node-8gpu-nvlink.yaml")
+    for kind in ("AllGather", "ReduceScatter"):
+        e = estimate(kind, 1000, 4, list(range(8)), -1, -1, topo)
+        assert e.algorithm == "ring"
+        assert set(e.transfers.values()) == {7 * 4000}     # (n-1)/n of the n*count*size total
+        assert e.seconds == pytest.approx(7 * 3e-6 + 7 * 4000 / (300e9 * 0.82))
+
+
+def test_broadcast_and_reduce():
+    topo = cfg("a100-1node-8gpu-nvlink.yaml")
+    big = estimate("Broadcast", 1 << 28, 1, list(range(8)), 3, -1, topo)
+    assert big.algorithm == "ring"      # pipelined chain: S over each link once
+    assert big.seconds == pytest.approx(7 * 3e-6 + (1 << 28) / (300e9 * 0.82))
+    assert len(big.transfers) == 7 and (3, 4) in big.transfers
+    assert sum(1 for (s, _) in big.transfers if s == 2) == 0    # the rank before the root sends nothing
+    small = estimate("Broadcast", 8, 1, list(range(8)), 0, -1, topo)
+    assert small.algorithm == "tree"    # binomial: log2(8) = 3 rounds
+    assert small.latency_s == pytest.approx(3 * 3e-6)
+    reduce = estimate("Reduce", 1 << 28, 1, list(range(8)), 0, -1, topo)
+    assert all(dst != 1 or src == 2 for (src, dst) in reduce.transfers)  # data flows toward the root
+    assert sum(b for (_, d), b in reduce.transfers.items() if d == 0) == 1 << 28
+
+
+def test_gather_scatter_direct():
+    topo = cfg("dev-2node-2gpu.yaml")
+    g = estimate("Gather", 100, 4, [0, 1, 2, 3], 2, -1, topo)
+    assert g.transfers == {(0, 2): 400, (1, 2): 400, (3, 2): 400}
+    s = estimate("Scatter", 100, 4, [0, 1, 2, 3], 0, -1, topo)
+    assert s.transfers == {(0, 1): 400, (0, 2): 400, (0, 3): 400}
+
+
+def test_split_communicator_is_attributed_to_its_members_only():
+    topo = cfg("dev-2node-2gpu.yaml")
+    e = estimate("AllReduce", MiB // 4, 4, [1, 2], -1, -1, topo)
+    assert set(e.transfers) == {(1, 2), (2, 1)}
+    assert e.node_bytes == {(0, 1): MiB, (1, 0): MiB}
+    assert e.seconds == pytest.approx(2 * 15e-6 + MiB / NIC)
+
+
+def test_profile_changes_the_model():
+    topo = cfg("heterogeneous-3node.yaml")
+    h100 = estimate_seconds("AllReduce", 1 << 26, 4, [0, 1], -1, -1, topo)
+    l40s = estimate_seconds("AllReduce", 1 << 26, 4, [4, 5], -1, -1, topo)
+    assert l40s > 10 * h100
+
+
+def test_single_rank_and_empty_are_free():
+    topo = cfg("dev-2node-2gpu.yaml")
+    assert estimate("AllReduce", 1000, 4, [2], -1, -1, topo).seconds == 0.0
+    assert estimate("AllReduce", 0, 4, [0, 1], -1, -1, topo).seconds == 0.0
+
+
+def test_errors():
+    topo = cfg("dev-2node-2gpu.yaml")
+    with pytest.raises(ValueError, match="global rank 7 is not placed"):
+        estimate("AllReduce", 10, 4, [0, 7], -1, -1, topo)
+    with pytest.raises(ValueError, match="at least one rank"):
+        estimate("AllReduce", 10, 4, [], -1, -1, topo)
+
+
+# -- calibration against REFERENCE.md section 7 ----------------------------------------------
+def test_calibration_8x_h100_ring_busbw():
+    topo = cfg("h100-1node-8gpu-nvlink.yaml")
+    e = estimate("AllReduce", 1 << 30, 4, list(range(8)), -1, -1, topo)
+    ring_busbw = costmodel.busbw_gbs("AllReduce", 4 << 30, e.candidates["ring"], 8)
+    assert 360 <= ring_busbw <= 375                 # published ~365-370 with the ring algorithm
+    assert e.algorithm == "nvls"                    # NCCL's default on NVSwitch H100
+    assert e.busbw_gbs == pytest.approx(473.6, rel=0.05)
+
+
+def test_calibration_2x8_h100_ndr():
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    e = estimate("AllReduce", 2 << 30, 4, list(range(16)), -1, -1, topo)
+    assert e.busbw_gbs == pytest.approx(468.0, rel=0.10)
+    small = estimate("AllReduce", 4, 4, list(range(16)), -1, -1, topo)
+    assert 30e-6 <= small.seconds <= 50e-6          # published ~39-41 us for 16 B - 4 KB
+
+
+def test_calibration_8x_a100():
+    topo = cfg("a100-1node-8gpu-nvlink.yaml")
+    big = estimate("AllReduce", 1 << 30, 4, list(range(8)), -1, -1, topo)
+    assert big.busbw_gbs == pytest.approx(232.8, rel=0.07)
+    small = estimate("AllReduce", 2, 4, list(range(8)), -1, -1, topo)
+    assert small.seconds == pytest.approx(20e-6, rel=0.2)
