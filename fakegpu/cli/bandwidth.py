@@ -8,10 +8,12 @@ Three ways to run it:
   ``--nodes``/``--ranks-per-node`` lay the ranks out as logical nodes of a cluster config;
 * ``--connect ADDR --world-size W --ranks R --session NAME``: only rank(s) R run here, against a
   coordinator started elsewhere; invocations on other hosts with the same ``--session`` meet in
-  one communicator (the unique id is derived from the session name).
+  one communicator.
 
-Every rank first all-gathers its parameters, so a host started with another ``--size``,
-``--iterations``, op or datatype is reported by name instead of hanging.  Times are the median
+The communicator's unique id depends only on the world size, not on the session, so every
+bandwidth rank of that size on a coordinator meets the others; each rank then all-gathers its
+parameters (session included), so a host started with another ``--session``, ``--size``,
+``--iterations``, op or datatype is reported by name instead of waited on until a timeout.  Times are the median
 of per-call times, then the maximum over ranks (the slowest rank bounds a collective).
 """
 from __future__ import annotations
@@ -255,9 +257,10 @@ def parse_rank_list(text: str, world_size: int) -> list[int]:
     return sorted(ranks)
 
 
-def session_unique_id(session: str) -> bytes:
-    """128 id bytes every host derives identically from the session name."""
-    return hashlib.shake_256(b"fakegpu-bandwidth-session\0" + session.encode()).digest(128)
+def rendezvous_unique_id(world_size: int) -> bytes:
+    """128 id bytes every host derives identically (see the module docstring for why the
+    session is not part of it)."""
+    return hashlib.shake_256(b"fakegpu-bandwidth\0%d" % world_size).digest(128)
 
 
 def session_hash(session: str) -> int:
@@ -457,7 +460,7 @@ def run_rank(sweep: Sweep, rank: int, world_size: int, session: str,
     from fakegpu.nccl import Nccl, RedOp
 
     nccl = Nccl()
-    comm = nccl.comm_init_rank(world_size, session_unique_id(session), rank,
+    comm = nccl.comm_init_rank(world_size, rendezvous_unique_id(world_size), rank,
                                name=f"bandwidth:{session}")
     n = world_size
     try:
