@@ -34,6 +34,9 @@ EFFICIENCY = {
 # NVLink SHARP allreduce: algbw as a fraction of one GPU's NVLink line rate (fit to 8x H100
 # NVLS busbw ~474 GB/s at 4 GB: algbw = 474 * 8 / 14 = 271 GB/s of 450).
 NVLS_EFFICIENCY = 0.60
+# NVLS inside each node with rails between nodes (NCCL's NVLSTree): fit to 2x8 H100 with
+# 8x NDR, busbw ~468 GB/s at 8 GB: algbw = 468 / (2 * 15 / 16) = 250 GB/s of 450.
+NVLS_TREE_EFFICIENCY = 0.555
 # NVLS pays a fixed set-up cost per call (multicast objects, switch reduction); fitted so
 # small messages prefer ring/tree as they do on real H100 systems.
 NVLS_BASE_LATENCY_S = 25e-6
@@ -389,4 +392,4 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
     a_inter = topo.inter_node.latency_us * 1e-6
     return [_Plan("nvls_tree", edges, NVLS_BASE_LATENCY_S + 2 * a_intra + 2 * (nn - 1) * a_inter, spread=False,
-                  intra_eff=NVLS_EFFICIENCY)]
+                  intra_eff=NVLS_TREE_EFFICIENCY)]
