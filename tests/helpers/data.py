@@ -9,7 +9,8 @@ Reference numerics (what NCCL defines and docs/numerics.md documents):
 * integer Sum/Prod wrap around in the datatype; integer Avg is the wrapped sum divided by the
   number of ranks, truncated toward zero;
 * PreMulSum multiplies each rank's value by the scalar (both widened like the accumulator),
-  then sums.
+  then sums;
+* float8 results saturate to the largest finite value (NCCL converts with SATFINITE).
 """
 from __future__ import annotations
 
@@ -114,7 +115,16 @@ def reduce_arrays(arrays: Sequence[np.ndarray], dtype: DataType, reduction: str,
                 acc = acc / acc.dtype.type(n)
             else:
                 acc = _truncating_divide(acc, n)
+        if dtype in (DataType.float8e4m3, DataType.float8e5m2):
+            largest = float(_ml_dtypes_finfo(dtype.numpy_dtype).max)
+            acc = np.clip(acc, -largest, largest)
         return acc.astype(dtype.numpy_dtype)
+
+
+def _ml_dtypes_finfo(np_dtype: np.dtype):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(np_dtype)
 
 
 def _truncating_divide(values: np.ndarray, divisor: int) -> np.ndarray:
