@@ -1,0 +1,330 @@
+"""asyncio transport for the coordinator: it only moves bytes between sockets and the core.
+
+One ``Connection`` (an ``asyncio.Protocol``, cheaper per message than streams) per client
+process. Socket-staged GROUP payloads are copied straight from the received chunks into
+the connection's staging buffer by the frame parser's payload router; shared-memory
+clients' segments are mapped once from /dev/shm with ``mmap`` (not
+multiprocessing.shared_memory, whose resource tracker would unlink them).
+
+A malformed frame, an oversize length, a wrong version, an unknown type or a bad token
+closes only that connection, with the reason logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import mmap
+import os
+import signal
+import socket
+import stat
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from fakegpu import protocol as P
+from fakegpu.coordinator import core as C
+
+log = logging.getLogger("fakegpu.coordinator")
+
+UNIX_PATH_MAX = 107
+
+
+class ServerError(RuntimeError):
+    """The coordinator cannot listen where it was asked to (message says why)."""
+
+
+def is_loopback_host(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def map_shm_segment(name: str, S: int):
+    """Map the client's staging segment (2*S bytes) from /dev/shm; None when impossible."""
+    base = name[1:] if name.startswith("/") else name
+    if not base or "/" in base or base in (".", ".."):
+        log.warning("refusing shared-memory name %r (not a plain POSIX shm name)", name)
+        return None
+    path = os.path.join("/dev/shm", base)
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        log.info("cannot open shared memory %s (%s); using socket staging", path, exc.strerror)
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 2 * S:
+            log.info("shared memory %s is %d bytes, need %d; using socket staging", path, st.st_size, 2 * S)
+            return None
+        mm = mmap.mmap(fd, 2 * S, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        log.info("cannot map shared memory %s (%s); using socket staging", path, exc)
+        return None
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing")
+
+    def __init__(self, server: "CoordinatorServer"):
+        self.server = server
+        self.core = server.core
+        self.id = server.next_conn_id()
+        self.transport = None
+        self.closing = False
+        self.peer = "?"
+        self.parser = P.FrameParser(P.PRE_HELLO_MAX_BODY, accepted_types=P.CLIENT_TO_SERVER,
+                                    payload_router=self._route_payload)
+
+    # -- asyncio callbacks
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.peer = "%s:%s" % transport.get_extra_info("peername")[:2]
+        else:
+            self.peer = f"unix connection {self.id}"
+        self.server.conns[self.id] = self
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            frames = self.parser.feed(data)
+        except P.ProtocolError as exc:
+            self.close(f"protocol error: {exc}")
+            return
+        core = self.core
+        apply = self.server.apply
+        for frame in frames:
+            had_hello = frame.msg_type == P.HELLO
+            apply(core.on_frame(self.id, frame, self.server.transport_name, self._staging_factory))
+            if self.closing:
+                return
+            if had_hello:
+                self.parser.max_body_len = core.max_body_len(self.id)
+
+    def connection_lost(self, exc) -> None:
+        self.closing = True
+        self.server.conns.pop(self.id, None)
+        reason = "connection closed" if exc is None else f"connection lost: {exc}"
+        self.server.apply(self.core.disconnect(self.id, reason))
+
+    # -- helpers
+    def close(self, reason: str) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        log.warning("closing %s: %s", self.peer, reason)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _staging_factory(self, hello, S: int):
+        if (self.server.transport_name == "unix" and hello.flags & P.HELLO_FLAG_SHM and hello.shm_name):
+            arr = map_shm_segment(hello.shm_name, S)
+            if arr is not None:
+                return arr, True
+        return np.zeros(2 * S, dtype=np.uint8), False
+
+    def _route_payload(self, prefix: bytes, payload_len: int):
+        client = self.core.clients.get(self.id)
+        if client is None:
+            raise P.ProtocolError("GROUP before HELLO")
+        if client.shm:
+            if payload_len:
+                raise P.ProtocolError("GROUP carries payload bytes on a shared-memory connection")
+            return None
+        layout = P.group_payload_layout(prefix, payload_len, client.S)
+        mv = client.inp_mv
+        return [mv[off:off + ln] for off, ln in layout]
+
+
+class CoordinatorServer:
+    def __init__(self, core: C.Core, *, transport: str, address: str,
+                 write_reports: Optional[Callable[[str], None]] = None,
+                 report_interval_s: Optional[float] = None, tick_interval_s: Optional[float] = None):
+        self.core = core
+        self.transport_name = transport
+        self.address = address
+        self.write_reports = write_reports
+        self.report_interval_s = report_interval_s
+        self.tick_interval_s = tick_interval_s or max(0.01, min(0.25, core.timeout_s / 8))
+        self.conns: dict = {}
+        self._next_id = 0
+        self._server = None
+        self._stop: Optional[asyncio.Event] = None
+        self._stop_reason = ""
+        self._created_dir: Optional[str] = None
+        self.listen_address = address
+
+    def next_conn_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # -- actions from the core
+    def apply(self, actions: list) -> None:
+        for kind, cid, data in actions:
+            if kind == C.SEND:
+                conn = self.conns.get(cid)
+                if conn is None or conn.closing:
+                    continue
+                if type(data) is bytes:
+                    conn.transport.write(data)
+                else:
+                    for piece in data:
+                        conn.transport.write(memoryview(piece))
+            elif kind == C.CLOSE:
+                conn = self.conns.get(cid)
+                if conn is not None:
+                    conn.close(data)
+            elif kind == C.SHUTDOWN:
+                self.request_stop(data)
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop is not None and not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    # -- listening
+    async def start(self) -> str:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self.transport_name == "unix":
+            path = self._prepare_unix_path(self.address)
+            try:
+                self._server = await loop.create_unix_server(lambda: Connection(self), path)
+            except OSError as exc:
+                raise ServerError(f"cannot listen on unix socket {path}: {exc.strerror or exc}") from None
+            os.chmod(path, 0o600)
+            self.listen_address = path
+        else:
+            from fakegpu.env import parse_tcp_address
+            host, port = parse_tcp_address(self.address, "--listen")
+            if not is_loopback_host(host) and not self.core.token:
+                raise ServerError(
+                    f"refusing to listen on {host}:{port} without a token: anyone who can reach this "
+                    "address could join or shut down the job. Pass --token/--token-file (or set "
+                    "FAKEGPU_COORDINATOR_TOKEN / FAKEGPU_COORDINATOR_TOKEN_FILE), or listen on 127.0.0.1")
+            try:
+                self._server = await loop.create_server(lambda: Connection(self), host, port,
+                                                        reuse_address=True)
+            except OSError as exc:
+                raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            sockname = self._server.sockets[0].getsockname()
+            shown = f"[{sockname[0]}]" if ":" in sockname[0] else sockname[0]
+            self.listen_address = f"{shown}:{sockname[1]}"
+        return self.listen_address
+
+    def _prepare_unix_path(self, path: str) -> str:
+        path = os.path.abspath(path)
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise ServerError(f"unix socket path {path!r} is {len(path.encode())} bytes; the limit is "
+                              f"{UNIX_PATH_MAX}. Use a shorter path (e.g. under /tmp)")
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            try:
+                os.makedirs(directory, mode=0o700)
+            except OSError as exc:
+                raise ServerError(f"cannot create socket directory {directory}: {exc.strerror or exc}") from None
+            os.chmod(directory, 0o700)
+            self._created_dir = directory
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise ServerError(f"{path} exists and is not a socket; refusing to replace it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # stale socket of a coordinator that died
+            else:
+                raise ServerError(f"another coordinator is already listening on {path}")
+            finally:
+                probe.close()
+        return path
+
+    async def serve(self) -> str:
+        """Serve until SHUTDOWN or a signal; returns why it stopped."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        ticker = loop.create_task(self._tick_loop())
+        reporter = loop.create_task(self._report_loop()) if self.report_interval_s else None
+        try:
+            await self._stop.wait()
+        finally:
+            ticker.cancel()
+            if reporter is not None:
+                reporter.cancel()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
+        return self._stop_reason
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_s)
+            try:
+                self.apply(self.core.tick())
+            except Exception:  # never let a bug stop timeouts from firing
+                log.exception("timeout tick failed")
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.report_interval_s)
+            if self.write_reports is not None:
+                self.write_reports("periodic")
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.conns.values()):
+            conn.closing = True
+            if conn.transport is not None:
+                conn.transport.close()
+        await asyncio.sleep(0)
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        if self.transport_name == "unix":
+            try:
+                os.unlink(self.listen_address)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    log.warning("cannot remove %s: %s", self.listen_address, exc)
+            if self._created_dir:
+                try:
+                    os.rmdir(self._created_dir)
+                except OSError:
+                    pass
+
+
+async def run_server(core: C.Core, *, transport: str, address: str, on_listening: Callable[[str], None],
+                     write_reports: Optional[Callable[[str], None]] = None,
+                     report_interval_s: Optional[float] = None) -> str:
+    server = CoordinatorServer(core, transport=transport, address=address, write_reports=write_reports,
+                               report_interval_s=report_interval_s)
+    addr = await server.start()
+    on_listening(addr)
+    try:
+        reason = await server.serve()
+    finally:
+        await server.close()
+    return reason
