@@ -393,3 +393,52 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
     a_inter = topo.inter_node.latency_us * 1e-6
     return [_Plan("nvls_tree", edges, NVLS_BASE_LATENCY_S + 2 * a_intra + 2 * (nn - 1) * a_inter, spread=False,
                   intra_eff=NVLS_TREE_EFFICIENCY)]
+
+
+# -- `python -m fakegpu.costmodel`: a modeled nccl-tests table for a topology --------------
+def _parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    t = text.strip().upper()
+    digits = t.rstrip("KMGIB")
+    return int(float(digits) * units[t[len(digits):]])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    from fakegpu.topology import ClusterConfigError, default_topology, load_cluster_config
+
+    parser = argparse.ArgumentParser(prog="python -m fakegpu.costmodel",
+                                     description="Print the modeled nccl-tests table of one operation kind.")
+    parser.add_argument("config", nargs="?", help="cluster YAML (default: one node, --world-size GPUs)")
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--kind", default="AllReduce")
+    parser.add_argument("-b", "--min-bytes", default="8")
+    parser.add_argument("-e", "--max-bytes", default="8G")
+    parser.add_argument("-f", "--factor", type=int, default=4)
+    parser.add_argument("--elem-size", type=int, default=4)
+    args = parser.parse_args(argv)
+    try:
+        topo = load_cluster_config(args.config) if args.config else default_topology(args.world_size)
+    except ClusterConfigError as exc:
+        print(exc)
+        return 2
+    kind = normalize_kind(args.kind)
+    ranks = list(range(topo.world_size))
+    peer = ranks[-1] if kind == "SendRecv" else -1
+    print(f"# {topo.name}: {kind} over {len(ranks)} ranks on {topo.node_count} node(s) (modeled)")
+    print(f"{'size':>12} {'count':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  algorithm")
+    size = _parse_size(args.min_bytes)
+    while size <= _parse_size(args.max_bytes):
+        per = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter") else 1
+        count = max(1, size // args.elem_size // per)
+        e = estimate(kind, count, args.elem_size, ranks, 0, peer, topo)
+        print(f"{e.logical_bytes:>12} {count:>12} {e.seconds * 1e6:>10.1f} {e.algbw_gbs:>8.2f} "
+              f"{e.busbw_gbs:>8.2f}  {e.algorithm}")
+        size *= max(2, args.factor)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

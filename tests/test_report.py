@@ -298,3 +298,26 @@ def test_cli_check_expectations_and_bad_files(report_file, tmp_path, capsys):
 def test_cli_via_package_entry_point(report_file):
     from fakegpu.__main__ import main
     assert main(["report", "check", "-q", str(report_file)]) == 0
+
+
+def test_failed_send_known_only_by_one_side(topo):
+    rep = ClusterReport(topo)
+    failed = OpRecord(comm=PIPE, kind="Send", datatype="float32", redop=None, count=10, elem_size=4,
+                      root=-1, peer=-1, ranks=(0,), logical_bytes=40, socket_bytes=0, seq=0,
+                      started_at=1.7e9, rendezvous_s=0.0, execution_s=0.0, status="timeout",
+                      error="no matching recv")
+    rep.op_completed(failed)
+    d = rep.to_dict()
+    assert check_report(d) == []
+    assert d["totals"]["unattributed_operations"] == 0
+    assert d["point_to_point"]["errors"] == 1
+    assert d["ranks"][1]["timeouts"] == 1 and d["ranks"][2]["timeouts"] == 0
+    entry = d["timeline"]["operations"][0]
+    assert entry["global_ranks"] == [1] and entry["src"] is None
+
+
+def test_nested_metadata_in_markdown(topo):
+    from fakegpu.report.markdown import render_markdown
+    rep = ClusterReport(topo, metadata={"coordinator": {"transport": "tcp", "pid": 42}, "cluster_config": None})
+    md = render_markdown(rep.to_dict())
+    assert "| metadata: coordinator.transport | tcp |" in md

@@ -204,15 +204,22 @@ class ClusterReport:
     def _record(self, op: OpRecord) -> None:
         kind = costmodel.normalize_kind(op.kind)
         members = op.comm.global_ranks
+        ok = op.status == "ok"
+        pair: Optional[tuple[int, int]] = None     # (sender, receiver) global ranks of a SendRecv
         if kind == "SendRecv":
-            src = op.root if op.root >= 0 else op.ranks[0]
-            dst = op.peer if op.peer >= 0 else op.ranks[1]
-            if (src, dst) != (op.root, op.peer):
-                op = dataclasses.replace(op, root=src, peer=dst)
-            participants = [members[src], members[dst]]
+            src = op.root if op.root >= 0 else (op.ranks[0] if len(op.ranks) == 2 else -1)
+            dst = op.peer if op.peer >= 0 else (op.ranks[1] if len(op.ranks) == 2 else -1)
+            if src >= 0 and dst >= 0:
+                if (src, dst) != (op.root, op.peer):
+                    op = dataclasses.replace(op, root=src, peer=dst)
+                pair = (members[src], members[dst])
+                participants = list(pair)
+            elif ok:
+                raise ValueError("a completed SendRecv needs its sender and receiver")
+            else:  # a failed send or recv may know only the side that showed up
+                participants = [members[r] for r in op.ranks]
         else:
             participants = [members[r] for r in (op.ranks or range(len(members)))]
-        ok = op.status == "ok"
         # Everything that can reject the record (unplaced rank, bad kind) runs before any
         # counter moves, so a rejected record leaves the report consistent.
         est = self._estimate(op, kind) if ok else None
@@ -249,7 +256,7 @@ class ClusterReport:
             comm.logical_bytes += op.logical_bytes
             comm.modeled_time_s += est.seconds
             comm.by_kind[kind] += 1
-            if kind == "SendRecv":
+            if pair is not None:
                 self._rank(participants[0]).p2p_sends += 1
                 self._rank(participants[1]).p2p_recvs += 1
                 if self.topology.same_node(*participants):
@@ -270,7 +277,7 @@ class ClusterReport:
             r.modeled_busy_s += seconds
 
         if len(self._timeline) < self.max_operations:
-            self._timeline.append(self._timeline_entry(op, kind, participants, est, start))
+            self._timeline.append(self._timeline_entry(op, kind, participants, pair, est, start))
         else:
             self._dropped += 1
 
@@ -319,7 +326,7 @@ class ClusterReport:
             slot["transfers"] += transfers
 
     def _timeline_entry(self, op: OpRecord, kind: str, participants: list[int],
-                        est: Optional[costmodel.Estimate], start: float) -> dict:
+                        pair: Optional[tuple[int, int]], est: Optional[costmodel.Estimate], start: float) -> dict:
         members = op.comm.global_ranks
         return {
             "seq": op.seq,
@@ -330,8 +337,8 @@ class ClusterReport:
             "error": op.error,
             "global_ranks": list(participants),
             "root": members[op.root] if 0 <= op.root < len(members) and kind != "SendRecv" else None,
-            "src": participants[0] if kind == "SendRecv" else None,
-            "dst": participants[1] if kind == "SendRecv" else None,
+            "src": pair[0] if pair else None,
+            "dst": pair[1] if pair else None,
             "datatype": op.datatype,
             "redop": op.redop,
             "count": op.count,

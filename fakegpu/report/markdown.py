@@ -66,10 +66,8 @@ def render_markdown(report: dict) -> str:
         ("Intra-node bytes moved", fmt_bytes(intra["bytes"])),
         ("Inter-node bytes moved", fmt_bytes(inter["bytes"])),
     ]
-    if report["metadata"]:
-        for key, value in report["metadata"].items():
-            if isinstance(value, (str, int, float, bool)):
-                rows.append((f"metadata: {key}", value))
+    for key, value in _flatten(report["metadata"]):
+        rows.append((f"metadata: {key}", value))
     lines += table(("Item", "Value"), rows)
 
     lines += ["", "## Collectives", ""]
@@ -159,6 +157,17 @@ def render_markdown(report: dict) -> str:
         "not the coordinator's own socket traffic.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _flatten(value, prefix: str = "", depth: int = 0):
+    """(dotted key, scalar) pairs of nested metadata, for the summary table."""
+    if isinstance(value, dict) and depth < 3:
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key), depth + 1)
+    elif isinstance(value, (str, int, float, bool)) and prefix:
+        yield prefix, value
+    elif value is not None and prefix:
+        yield prefix, str(value)[:80]
 
 
 def _ranks_text(ranks: list[int]) -> str:
