@@ -1,0 +1,164 @@
+// Collective and point-to-point calls: validate, describe, queue (group.cc).
+// An argument error fails only the call; the communicator stays usable.
+#include <cstring>
+
+#include "comm.h"
+#include "export.h"
+#include "group.h"
+#include "last_error.h"
+#include "mode.h"
+#include "staging.h"
+
+using namespace fakegpu;
+
+namespace {
+
+bool has_root(uint8_t kind) {
+  return kind == proto::kBroadcast || kind == proto::kReduce || kind == proto::kGather || kind == proto::kScatter ||
+         kind == proto::kSend || kind == proto::kRecv;
+}
+bool reduces(uint8_t kind) {
+  return kind == proto::kAllReduce || kind == proto::kReduce || kind == proto::kReduceScatter;
+}
+
+// Resolves `op` for `comm`/`dt` into the wire redop and the PreMulSum scalar.
+ncclResult_t resolve_op(const char* fn, ncclComm* comm, ncclRedOp_t op, ncclDataType_t dt, CollCall* c) {
+  int o = static_cast<int>(op);
+  if (o >= 0 && o < ncclNumOps) {
+    c->redop = static_cast<uint8_t>(o);
+    return ncclSuccess;
+  }
+  std::lock_guard<std::mutex> lk(comm->mu);
+  size_t idx = static_cast<size_t>(o) - ncclNumOps;
+  if (o < 0 || idx >= comm->redops.size() || !comm->redops[idx].in_use)
+    return failf(ncclInvalidArgument, "%s: op %d is neither a built-in ncclRedOp_t nor an operator created on this "
+                 "communicator", fn, o);
+  const PreMulSumOp& p = comm->redops[idx];
+  if (p.datatype != dt)
+    return failf(ncclInvalidArgument, "%s: op %d was created for %s but the call uses %s", fn, o,
+                 datatype_name(p.datatype), datatype_name(dt));
+  c->redop = 5;
+  if (p.residence == ncclScalarDevice)
+    c->scalar_ptr = p.pointer;
+  else
+    memcpy(c->scalar, p.value, sizeof(c->scalar));
+  return ncclSuccess;
+}
+
+ncclResult_t submit(const char* fn, uint8_t kind, const void* sendbuff, void* recvbuff, size_t count,
+                    ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  ncclResult_t rc = check_comm_usable(comm, fn);
+  if (rc != ncclSuccess) return rc;
+  const size_t s = datatype_size(datatype);
+  if (s == 0) return failf(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
+  const int n = comm->nranks, me = comm->rank;
+  if (has_root(kind) && (root < 0 || root >= n))
+    return failf(ncclInvalidArgument, "%s: %s %d is outside [0, %d)", fn,
+                 kind == proto::kSend || kind == proto::kRecv ? "peer" : "root", root, n);
+  uint64_t m = block_factor(kind, n), bytes;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(count), s * m, &bytes) || bytes > (1ull << 60))
+    return failf(ncclInvalidArgument, "%s: count %zu of %s over %d ranks overflows", fn, count,
+                 datatype_name(datatype), n);
+
+  CollCall c;
+  c.comm = comm;
+  c.kind = kind;
+  c.datatype = static_cast<uint8_t>(datatype);
+  c.root = has_root(kind) ? root : -1;
+  c.count = count;
+  c.sendbuff = sendbuff;
+  c.recvbuff = recvbuff;
+  c.stream = stream;
+  if (reduces(kind)) {
+    rc = resolve_op(fn, comm, op, datatype, &c);
+    if (rc != ncclSuccess) return rc;
+  }
+
+  if (count > 0) {
+    const bool root_me = has_root(kind) && root == me;
+    bool need_send = false, need_recv = false;
+    switch (kind) {
+      case proto::kAllReduce: case proto::kAllGather: case proto::kReduceScatter: case proto::kAlltoAll:
+        need_send = need_recv = true; break;
+      case proto::kBroadcast: need_send = root_me; need_recv = true; break;
+      case proto::kReduce: need_send = true; need_recv = root_me; break;
+      case proto::kGather: need_send = true; need_recv = root_me; break;
+      case proto::kScatter: need_send = root_me; need_recv = true; break;
+      case proto::kSend: need_send = true; break;
+      case proto::kRecv: need_recv = true; break;
+    }
+    if (need_send && !sendbuff) return failf(ncclInvalidArgument, "%s: sendbuff is NULL", fn);
+    if (need_recv && !recvbuff) return failf(ncclInvalidArgument, "%s: recvbuff is NULL", fn);
+    const uint8_t* sb = static_cast<const uint8_t*>(sendbuff);
+    const uint8_t* rb = static_cast<const uint8_t*>(recvbuff);
+    const uint64_t mine = static_cast<uint64_t>(me) * count * s;
+    switch (kind) {
+      case proto::kAllGather: case proto::kGather: c.in_place = rb && sb == rb + mine; break;
+      case proto::kReduceScatter: case proto::kScatter: c.in_place = sb && rb == sb + mine; break;
+      case proto::kSend: case proto::kRecv: break;
+      default: c.in_place = sb == rb; break;
+    }
+  }
+  c.call_seq = comm->call_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  return enqueue_call(c);
+}
+
+constexpr ncclRedOp_t kNoOp = ncclSum;
+
+}  // namespace
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclAllReduce", proto::kAllReduce, sendbuff, recvbuff, count, datatype, op, -1, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclBroadcast", proto::kBroadcast, sendbuff, recvbuff, count, datatype, kNoOp, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+         cudaStream_t stream) {
+  return submit("ncclBcast", proto::kBroadcast, buff, buff, count, datatype, kNoOp, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclReduce", proto::kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclAllGather", proto::kAllGather, sendbuff, recvbuff, sendcount, datatype, kNoOp, -1, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclReduceScatter", proto::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, -1, comm,
+                stream);
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclAlltoAll", proto::kAlltoAll, sendbuff, recvbuff, count, datatype, kNoOp, -1, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclGather", proto::kGather, sendbuff, recvbuff, count, datatype, kNoOp, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclScatter", proto::kScatter, sendbuff, recvbuff, count, datatype, kNoOp, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclSend", proto::kSend, sendbuff, nullptr, count, datatype, kNoOp, peer, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream) {
+  return submit("ncclRecv", proto::kRecv, nullptr, recvbuff, count, datatype, kNoOp, peer, comm, stream);
+}

@@ -1,0 +1,479 @@
+#include "client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+
+#include "env.h"
+#include "last_error.h"
+#include "transport/transport.h"
+
+namespace fakegpu {
+
+namespace {
+
+constexpr uint64_t kDefaultStagingBytes = 32ull << 20;
+constexpr uint64_t kMinStagingBytes = 4096;
+// Extra time a client waits beyond the coordinator's own timeout before it declares the
+// coordinator unresponsive: the coordinator answers timeouts itself, this is the backstop.
+constexpr int kWaitMarginMs = 30000;
+// Used until HELLO_OK tells us the coordinator's timeout.
+constexpr int kDefaultTimeoutMs = 300000;
+
+pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+Client* g_client = nullptr;
+pid_t g_client_pid = 0;
+
+void atfork_child() {
+  // The child must not share the parent's stream or staging segment: drop them here and
+  // let the next call connect afresh. The old object is leaked on purpose (its mutexes may
+  // have been held by threads that do not exist in the child).
+  g_mu = PTHREAD_MUTEX_INITIALIZER;
+  if (g_client) g_client->abandon_after_fork();
+  g_client = nullptr;
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+std::string read_token() {
+  std::string tok = env::str("FAKEGPU_COORDINATOR_TOKEN");
+  if (!tok.empty()) return tok;
+  std::string path = env::str("FAKEGPU_COORDINATOR_TOKEN_FILE");
+  if (path.empty()) return "";
+  std::ifstream f(path);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+// ---- opening the connection ---------------------------------------------------------------
+
+ncclResult_t Client::get(Client** out) {
+  static bool atfork_registered = [] {
+    pthread_atfork(nullptr, nullptr, atfork_child);
+    return true;
+  }();
+  (void)atfork_registered;
+  pthread_mutex_lock(&g_mu);
+  if (g_client && g_client_pid != getpid()) g_client = nullptr;  // belt and braces for fork
+  ncclResult_t rc = ncclSuccess;
+  if (!g_client) {
+    Client* c = nullptr;
+    rc = connect_new(&c);
+    if (rc == ncclSuccess) {
+      g_client = c;
+      g_client_pid = getpid();
+    }
+  }
+  *out = g_client;
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+
+void Client::abandon_after_fork() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  if (shm_base_) munmap(shm_base_, shm_map_len_);
+  shm_base_ = nullptr;
+}
+
+ncclResult_t Client::connect_new(Client** out) {
+  std::string transport = env::str("FAKEGPU_COORDINATOR_TRANSPORT", "unix");
+  std::string addr = env::str("FAKEGPU_COORDINATOR_ADDR");
+  if (transport != "unix" && transport != "tcp")
+    return failf(ncclInvalidUsage,
+                 "fakegpu: FAKEGPU_COORDINATOR_TRANSPORT=%s is not a transport (use 'unix' or 'tcp')",
+                 transport.c_str());
+  if (addr.empty())
+    return fail(ncclSystemError,
+                "fakegpu: FAKEGPU_COORDINATOR_ADDR is not set, so there is no coordinator to talk to; start one "
+                "with `python -m fakegpu coordinator --transport unix --address PATH` and export "
+                "FAKEGPU_COORDINATOR_ADDR=PATH, or launch the job under `fgpu`");
+
+  bool bad = false;
+  long long env_timeout = env::integer("FAKEGPU_COORDINATOR_TIMEOUT_MS", -1, &bad);
+  if (bad)
+    return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_COORDINATOR_TIMEOUT_MS='%s' is not an integer",
+                 getenv("FAKEGPU_COORDINATOR_TIMEOUT_MS"));
+  uint64_t staging = kDefaultStagingBytes;
+  std::string staging_text = env::str("FAKEGPU_STAGING_CHUNK_BYTES");
+  if (!staging_text.empty() && (!env::bytes(staging_text.c_str(), &staging) || staging < kMinStagingBytes ||
+                                staging > (1ull << 40)))
+    return failf(ncclInvalidUsage,
+                 "fakegpu: FAKEGPU_STAGING_CHUNK_BYTES='%s' is not a byte count between %llu and 1T",
+                 staging_text.c_str(), (unsigned long long)kMinStagingBytes);
+  bool want_shm = transport == "unix" && !env::flag("FAKEGPU_STAGING_FORCE_SOCKET");
+
+  Client* c = new Client();
+  c->address_ = transport + ":" + addr;
+  c->staging_bytes_ = staging;
+  c->timeout_ms_ = env_timeout > 0 ? static_cast<uint32_t>(env_timeout) : kDefaultTimeoutMs;
+
+  int connect_timeout_ms = static_cast<int>(env::integer("FAKEGPU_CONNECT_TIMEOUT_MS", 2000));
+  std::string err;
+  c->fd_ = transport == "unix" ? transport::connect_unix(addr, connect_timeout_ms, &err)
+                               : transport::connect_tcp(addr, connect_timeout_ms, &err);
+  if (c->fd_ < 0) {
+    delete c;
+    return failf(ncclSystemError,
+                 "fakegpu: cannot connect to the coordinator at %s (FAKEGPU_COORDINATOR_ADDR=%s, "
+                 "FAKEGPU_COORDINATOR_TRANSPORT=%s): %s; is the coordinator running?",
+                 (transport + ":" + addr).c_str(), addr.c_str(), transport.c_str(), err.c_str());
+  }
+  transport::tune_socket(c->fd_, c->wait_timeout_ms());
+
+  if (want_shm) {
+    // One segment for the process's whole life: [0,S) input region, [S,2S) output region.
+    static std::atomic<int> seq{0};
+    c->shm_name_ = "/fakegpu-" + std::to_string(getpid()) + "-" + std::to_string(++seq);
+    int sfd = shm_open(c->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (sfd >= 0) {
+      size_t len = 2 * staging;
+      if (ftruncate(sfd, static_cast<off_t>(len)) == 0) {
+        void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+        if (p != MAP_FAILED) {
+          c->shm_base_ = static_cast<uint8_t*>(p);
+          c->shm_map_len_ = len;
+        }
+      }
+      close(sfd);
+      if (!c->shm_base_) shm_unlink(c->shm_name_.c_str());
+    }
+    if (!c->shm_base_) c->shm_name_.clear();  // fall back to socket staging
+  }
+
+  ncclResult_t rc = c->hello();
+  if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
+  if (rc != ncclSuccess) {
+    if (c->shm_base_) munmap(c->shm_base_, c->shm_map_len_);
+    close(c->fd_);
+    delete c;
+    return rc;
+  }
+  *out = c;
+  return ncclSuccess;
+}
+
+ncclResult_t Client::hello() {
+  proto::Hello h;
+  h.flags = shm_base_ ? proto::kHelloShm : 0;
+  h.global_rank = static_cast<int32_t>(env::integer("RANK", -1));
+  h.local_rank = static_cast<int32_t>(env::integer("LOCAL_RANK", -1));
+  h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
+  h.pid = static_cast<uint32_t>(getpid());
+  h.staging_bytes = staging_bytes_;
+  h.token = read_token();
+  h.shm_name = shm_name_;
+  h.hostname = hostname();
+  std::vector<uint8_t> body;
+  proto::Writer w(&body);
+  proto::encode(w, h);
+
+  Pending p;
+  ncclResult_t rc = call(&p, proto::kHello, body);
+  if (rc != ncclSuccess) return rc;
+  proto::Reader r(p.body.data(), p.body.size());
+  if (p.hdr.type == proto::kError) {
+    proto::Error e;
+    if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR answer to HELLO");
+    return failf(e.result > 0 && e.result < ncclNumResults ? (ncclResult_t)e.result : ncclSystemError,
+                 "fakegpu: the coordinator at %s refused this process: %s", address_.c_str(), e.message.c_str());
+  }
+  proto::HelloOk ok;
+  if (p.hdr.type != proto::kHelloOk || !proto::decode(r, &ok))
+    return failf(ncclSystemError, "fakegpu: unexpected %s answer to HELLO from %s",
+                 proto::type_name(p.hdr.type), address_.c_str());
+  if (ok.staging_bytes == 0 || ok.staging_bytes > staging_bytes_)
+    return failf(ncclSystemError, "fakegpu: the coordinator granted %llu staging bytes (asked for %llu)",
+                 (unsigned long long)ok.staging_bytes, (unsigned long long)staging_bytes_);
+  client_id_ = ok.client_id;
+  if (ok.timeout_ms > 0) timeout_ms_ = ok.timeout_ms;
+  staging_bytes_ = ok.staging_bytes;  // the output region starts at the *granted* S
+  if (!(ok.flags & proto::kHelloShm) && shm_base_) {
+    munmap(shm_base_, shm_map_len_);
+    shm_base_ = nullptr;
+  }
+  transport::tune_socket(fd_, wait_timeout_ms());
+  return ncclSuccess;
+}
+
+int Client::wait_timeout_ms() const {
+  uint64_t t = static_cast<uint64_t>(timeout_ms_) + kWaitMarginMs;
+  return t > INT32_MAX ? INT32_MAX : static_cast<int>(t);
+}
+
+// ---- sending --------------------------------------------------------------------------------
+
+bool Client::send_all(const iovec* iov_in, int iovcnt, std::string* err) {
+  // sendmsg (not writev) so a closed peer gives EPIPE instead of SIGPIPE.
+  thread_local std::vector<iovec> iov;
+  iov.assign(iov_in, iov_in + iovcnt);
+  size_t i = 0;
+  while (i < iov.size()) {
+    if (iov[i].iov_len == 0) {
+      i++;
+      continue;
+    }
+    msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = &iov[i];
+    m.msg_iovlen = std::min<size_t>(iov.size() - i, 1024);
+    ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *err = errno == EAGAIN || errno == EWOULDBLOCK ? "send timed out" : strerror(errno);
+      return false;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && i < iov.size()) {
+      if (left >= iov[i].iov_len) {
+        left -= iov[i].iov_len;
+        i++;
+      } else {
+        iov[i].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + left;
+        iov[i].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return true;
+}
+
+ncclResult_t Client::request(Pending* p, uint16_t type, const iovec* iov, int iovcnt) {
+  size_t body_len = 0;
+  for (int i = 0; i < iovcnt; i++) body_len += iov[i].iov_len;
+  if (body_len > max_body() || body_len > UINT32_MAX)
+    return failf(ncclInternalError, "fakegpu: %s frame of %zu bytes exceeds the frame limit", proto::type_name(type),
+                 body_len);
+  p->id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  p->done = false;
+  p->claimed = false;
+  p->fail = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (dead_) return fail(ncclSystemError, dead_msg_);
+    pending_.push_back(p);
+  }
+  uint8_t hdr[proto::kHeaderSize];
+  proto::encode_header(hdr, type, p->id, static_cast<uint32_t>(body_len));
+  iovec small[16];
+  std::vector<iovec> big;
+  iovec* all = small;
+  if (iovcnt + 1 > 16) {
+    big.resize(iovcnt + 1);
+    all = big.data();
+  }
+  all[0] = {hdr, sizeof(hdr)};
+  for (int i = 0; i < iovcnt; i++) all[i + 1] = iov[i];
+  std::string err;
+  bool ok;
+  {
+    std::lock_guard<std::mutex> lk(send_mu_);
+    ok = send_all(all, iovcnt + 1, &err);
+  }
+  if (!ok) {
+    mark_dead("fakegpu: lost the connection to the coordinator at " + address_ + " while sending " +
+              proto::type_name(type) + ": " + err);
+    unregister(p);
+    return fail(ncclSystemError, dead_msg_);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t Client::call(Pending* p, uint16_t type, const std::vector<uint8_t>& body) {
+  iovec iov{const_cast<uint8_t*>(body.data()), body.size()};
+  ncclResult_t rc = request(p, type, &iov, 1);
+  if (rc != ncclSuccess) return rc;
+  return wait(p);
+}
+
+// ---- receiving --------------------------------------------------------------------------------
+
+ssize_t Client::fill() {
+  for (;;) {
+    ssize_t n = recv(fd_, rbuf_.data(), rbuf_.size(), 0);
+    if (n > 0) {
+      rpos_ = 0;
+      rlen_ = static_cast<size_t>(n);
+      return n;
+    }
+    if (n == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -2;
+    return -1;
+  }
+}
+
+bool Client::read_exact(void* dst_v, size_t n) {
+  uint8_t* dst = static_cast<uint8_t*>(dst_v);
+  while (n > 0) {
+    if (rpos_ < rlen_) {
+      size_t k = std::min(n, rlen_ - rpos_);
+      memcpy(dst, rbuf_.data() + rpos_, k);
+      rpos_ += k;
+      dst += k;
+      n -= k;
+      continue;
+    }
+    if (n >= rbuf_.size() / 2) {
+      // Large payload: receive straight into the destination (user buffer), no bounce.
+      ssize_t k = recv(fd_, dst, n, MSG_WAITALL);
+      if (k > 0) {
+        dst += k;
+        n -= static_cast<size_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      return false;
+    }
+    if (fill() <= 0) return false;
+  }
+  return true;
+}
+
+bool Client::read_discard(size_t n) {
+  while (n > 0) {
+    if (rpos_ >= rlen_ && fill() <= 0) return false;
+    size_t k = std::min(n, rlen_ - rpos_);
+    rpos_ += k;
+    n -= k;
+  }
+  return true;
+}
+
+Client::ReadOutcome Client::read_one_frame() {
+  uint8_t hb[proto::kHeaderSize];
+  if (rpos_ >= rlen_) {
+    ssize_t k = fill();
+    if (k == -2) return kIdleTimeout;  // nothing arrived at all: the connection is still in sync
+    if (k == 0) {
+      mark_dead("fakegpu: the coordinator at " + address_ + " closed the connection");
+      return kDead;
+    }
+    if (k < 0) {
+      mark_dead("fakegpu: lost the connection to the coordinator at " + address_ + ": " + strerror(errno));
+      return kDead;
+    }
+  }
+  if (!read_exact(hb, sizeof(hb))) {
+    mark_dead("fakegpu: the connection to the coordinator at " + address_ + " broke in the middle of a frame");
+    return kDead;
+  }
+  proto::FrameHeader h;
+  std::string why;
+  if (!proto::decode_header(hb, max_body(), &h, &why)) {
+    mark_dead("fakegpu: protocol error from the coordinator at " + address_ + ": " + why);
+    return kDead;
+  }
+  Pending* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (Pending* q : pending_)
+      if (q->id == h.request_id) {
+        t = q;
+        t->claimed = true;
+        break;
+      }
+  }
+  bool ok;
+  std::string err;
+  if (!t) {
+    ok = read_discard(h.body_len);  // an answer to a request whose waiter gave up
+  } else if (t->sink && t->sink->wants(h)) {
+    ok = t->sink->consume(*this, h, &err);
+  } else {
+    t->body.resize(h.body_len);
+    ok = read_exact(t->body.data(), h.body_len);
+  }
+  if (!ok) {
+    mark_dead("fakegpu: bad " + std::string(proto::type_name(h.type)) + " frame from the coordinator at " +
+              address_ + (err.empty() ? ": connection broke" : ": " + err));
+    return kDead;
+  }
+  if (t) {
+    std::lock_guard<std::mutex> lk(mu_);
+    t->hdr = h;
+    t->claimed = false;
+    t->done = true;
+  }
+  return kFrame;
+}
+
+void Client::mark_dead(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!dead_) {
+    dead_ = true;
+    dead_msg_ = why;
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // wake anyone blocked on the socket
+  }
+  for (Pending* q : pending_) {
+    if (!q->done) {
+      q->fail = ncclSystemError;
+      q->fail_msg = dead_msg_;
+      q->claimed = false;
+      q->done = true;
+    }
+  }
+  cv_.notify_all();
+}
+
+void Client::unregister(Pending* p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = std::find(pending_.begin(), pending_.end(), p);
+  if (it != pending_.end()) pending_.erase(it);
+}
+
+ncclResult_t Client::wait(Pending* p) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::milliseconds(wait_timeout_ms());
+  std::unique_lock<std::mutex> lk(mu_);
+  bool timed_out = false;
+  while (!p->done) {
+    if (!reading_) {
+      // Become the leader: read frames until ours is in (or time is up).
+      reading_ = true;
+      lk.unlock();
+      ReadOutcome o = read_one_frame();
+      lk.lock();
+      reading_ = false;
+      cv_.notify_all();  // hand leadership on and wake whoever got an answer
+      if (o == kIdleTimeout || (!p->done && clock::now() >= deadline)) {
+        if (!p->done) timed_out = true;
+        break;
+      }
+      continue;
+    }
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      while (p->claimed) cv_.wait(lk);  // a reader is writing into p right now
+      if (!p->done) timed_out = true;
+      break;
+    }
+  }
+  auto it = std::find(pending_.begin(), pending_.end(), p);
+  if (it != pending_.end()) pending_.erase(it);
+  lk.unlock();
+  if (timed_out)
+    return failf(ncclSystemError,
+                 "fakegpu: no answer from the coordinator at %s within %d ms (its timeout_ms %u plus a %d ms "
+                 "margin); the coordinator is stuck or overloaded",
+                 address_.c_str(), wait_timeout_ms(), timeout_ms_, kWaitMarginMs);
+  if (p->fail != ncclSuccess) return fail(p->fail, p->fail_msg);
+  return ncclSuccess;
+}
+
+}  // namespace fakegpu

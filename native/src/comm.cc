@@ -1,0 +1,102 @@
+#include "comm.h"
+
+#include <climits>
+#include <cstddef>
+#include <cstring>
+
+#include "env.h"
+#include "last_error.h"
+
+namespace fakegpu {
+
+ncclResult_t check_comm_valid(const ncclComm* comm, const char* what) {
+  if (comm == nullptr) return failf(ncclInvalidArgument, "%s: comm is NULL", what);
+  if (comm->magic != kCommMagic)
+    return failf(ncclInvalidArgument, "%s: comm %p is not a live communicator (destroyed, or not from ncclCommInit*)",
+                 what, (const void*)comm);
+  return ncclSuccess;
+}
+
+ncclResult_t check_comm_usable(const ncclComm* comm, const char* what) {
+  ncclResult_t rc = check_comm_valid(comm, what);
+  if (rc != ncclSuccess) return rc;
+  int st = comm->init_state.load(std::memory_order_acquire);
+  if (st == ncclInProgress)
+    return failf(ncclInvalidUsage,
+                 "%s: communicator initialization has not finished; poll ncclCommGetAsyncError until it "
+                 "returns ncclSuccess",
+                 what);
+  if (st != ncclSuccess)
+    return failf(ncclInvalidUsage, "%s: communicator initialization failed (%s); destroy it", what,
+                 result_name((ncclResult_t)st));
+  if (comm->aborted.load()) return failf(ncclInvalidUsage, "%s: the communicator was aborted", what);
+  if (comm->suspended.load())
+    return failf(ncclInvalidUsage, "%s: the communicator is suspended; call ncclCommResume first", what);
+  return ncclSuccess;
+}
+
+ncclResult_t comm_fail(ncclComm* comm, ncclResult_t r, const std::string& msg) {
+  if (comm) {
+    std::lock_guard<std::mutex> lk(comm->mu);
+    comm->last_error = msg;
+  }
+  return fail(r, msg);
+}
+
+ncclResult_t read_config(const ncclConfig_t* cfg, CommConfig* out, const char* what) {
+  *out = CommConfig();
+  if (!cfg) return ncclSuccess;
+  // Callers built against other NCCL versions pass smaller or larger structs: read only
+  // what their `size` covers, field by field, and never past it.
+  size_t size;
+  memcpy(&size, cfg, sizeof(size));
+  auto covers = [&](size_t off, size_t len) { return size >= off + len; };
+  if (!covers(offsetof(ncclConfig_t, magic), sizeof(unsigned)))
+    return failf(ncclInvalidArgument, "%s: config->size=%zu is too small; initialize it with NCCL_CONFIG_INITIALIZER",
+                 what, size);
+  unsigned magic;
+  memcpy(&magic, reinterpret_cast<const char*>(cfg) + offsetof(ncclConfig_t, magic), sizeof(magic));
+  if (magic != NCCL_API_MAGIC)
+    return failf(ncclInvalidArgument, "%s: config->magic is 0x%x, not 0x%x; initialize it with NCCL_CONFIG_INITIALIZER",
+                 what, magic, (unsigned)NCCL_API_MAGIC);
+  const char* base = reinterpret_cast<const char*>(cfg);
+  if (covers(offsetof(ncclConfig_t, blocking), sizeof(int))) {
+    int b;
+    memcpy(&b, base + offsetof(ncclConfig_t, blocking), sizeof(b));
+    if (b != NCCL_CONFIG_UNDEF_INT) {
+      if (b != 0 && b != 1) return failf(ncclInvalidArgument, "%s: config->blocking=%d (expected 0 or 1)", what, b);
+      out->blocking = b != 0;
+    }
+  }
+  if (covers(offsetof(ncclConfig_t, commName), sizeof(const char*))) {
+    const char* name;
+    memcpy(&name, base + offsetof(ncclConfig_t, commName), sizeof(name));
+    if (name) out->name.assign(name, strnlen(name, 4096));
+  }
+  return ncclSuccess;
+}
+
+size_t datatype_size(int dt) {
+  switch (dt) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+const char* datatype_name(int dt) {
+  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",        "uint64",
+                                "float16", "float32", "float64",  "bfloat16",      "float8e4m3",   "float8e5m2"};
+  return dt >= 0 && dt < 12 ? names[dt] : "invalid";
+}
+
+int default_cuda_device() {
+  long long local = env::integer("LOCAL_RANK", 0);
+  long long count = env::integer("FAKEGPU_DEVICE_COUNT", 0);
+  if (local < 0 || count <= 0) return 0;
+  return static_cast<int>(local % count);
+}
+
+}  // namespace fakegpu

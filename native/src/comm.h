@@ -1,0 +1,80 @@
+// What an ncclComm_t points at, and the checks every API entry point runs on it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl.h"
+
+namespace fakegpu {
+
+constexpr uint64_t kCommMagic = 0x6667707563306d6dULL;  // "fgpuc0mm"
+
+// An operator made by ncclRedOpCreatePreMulSum: ops >= ncclNumOps index this table.
+struct PreMulSumOp {
+  bool in_use = false;
+  ncclDataType_t datatype = ncclFloat32;
+  ncclScalarResidence_t residence = ncclScalarHostImmediate;
+  uint8_t value[8] = {};          // HostImmediate: the scalar, read at creation
+  const void* pointer = nullptr;  // Device: read each time a collective runs
+};
+
+// Parsed ncclConfig_t fields we honour (read by the caller's `size`, see config.cc).
+struct CommConfig {
+  bool blocking = true;
+  std::string name;
+};
+
+}  // namespace fakegpu
+
+struct ncclComm {
+  uint64_t magic = fakegpu::kCommMagic;
+  uint64_t handle = 0;  // the coordinator's member handle (COMM_INFO)
+  int rank = -1;
+  int nranks = 0;
+  std::vector<int> global_ranks;  // global rank of each member (report attribution)
+  int cuda_device = 0;
+  fakegpu::CommConfig config;
+
+  // ncclSuccess once usable; ncclInProgress while a non-blocking init/split runs; else the
+  // init failure.
+  std::atomic<int> init_state{ncclInProgress};
+  // Reported by ncclCommGetAsyncError: init progress, then connection-level failures.
+  std::atomic<int> async_error{ncclInProgress};
+  std::thread init_thread;  // non-blocking init / split
+
+  std::atomic<uint32_t> call_seq{0};  // calls issued on this communicator (diagnostics)
+  bool finalized = false;
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> suspended{false};
+
+  std::mutex mu;           // guards redops and last_error
+  std::vector<fakegpu::PreMulSumOp> redops;
+  std::string last_error;  // this communicator's last failure, for ncclGetLastError(comm)
+};
+
+namespace fakegpu {
+
+// ncclInvalidArgument for NULL/foreign pointers; the init result while not ready;
+// ncclInvalidUsage once aborted or suspended. `what` names the API call for the message.
+ncclResult_t check_comm_usable(const ncclComm* comm, const char* what);
+// Only checks that `comm` is one of ours (for Destroy/Abort/GetAsyncError...).
+ncclResult_t check_comm_valid(const ncclComm* comm, const char* what);
+
+// Records a failure that concerns `comm` both globally and on the comm itself.
+ncclResult_t comm_fail(ncclComm* comm, ncclResult_t r, const std::string& msg);
+
+// Reads the fields of a caller's ncclConfig_t that its `size` covers.
+ncclResult_t read_config(const ncclConfig_t* cfg, CommConfig* out, const char* what);
+
+size_t datatype_size(int dt);  // 0 for an invalid datatype
+const char* datatype_name(int dt);
+
+// Default device for a rank of this process: LOCAL_RANK % FAKEGPU_DEVICE_COUNT, else 0.
+int default_cuda_device();
+
+}  // namespace fakegpu

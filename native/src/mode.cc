@@ -1,0 +1,31 @@
+#include "mode.h"
+
+#include <mutex>
+
+#include "env.h"
+#include "last_error.h"
+
+namespace fakegpu {
+
+ncclResult_t get_mode(DistMode** out) {
+  static std::once_flag once;
+  static DistMode* mode = nullptr;
+  static std::string requested;
+  std::call_once(once, [] {
+    requested = env::str("FAKEGPU_DIST_MODE", "simulate");
+    if (requested == "simulate") mode = make_simulate_mode();
+  });
+  if (mode) {
+    *out = mode;
+    return ncclSuccess;
+  }
+  *out = nullptr;
+  if (requested == "fake" || requested == "proxy" || requested == "passthrough" || requested == "hybrid")
+    return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_DIST_MODE=%s is not implemented yet in this build (use simulate)",
+                 requested.c_str());
+  return failf(ncclInvalidUsage,
+               "fakegpu: FAKEGPU_DIST_MODE=%s is not a mode (expected simulate, fake, proxy or passthrough)",
+               requested.c_str());
+}
+
+}  // namespace fakegpu

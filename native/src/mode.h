@@ -1,0 +1,70 @@
+// A distribution mode decides who does the communication work. The C API validates
+// arguments, queues calls (group.cc) and hands them to the process's mode:
+//   simulate (default)  the coordinator computes every result (mode_simulate.cc);
+//   fake, proxy, passthrough: later issues, each its own module behind this interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "nccl.h"
+#include "protocol.h"
+
+namespace fakegpu {
+
+// One collective or point-to-point call, as queued until the outermost GroupEnd.
+struct CollCall {
+  ncclComm* comm = nullptr;
+  uint8_t kind = 0;      // proto::OpKind
+  uint8_t datatype = 0;
+  uint8_t redop = 0;     // wire redop: 0..4, 5 = PreMulSum
+  uint8_t in_place = 0;
+  int32_t root = -1;     // root or peer
+  uint64_t count = 0;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  uint32_t call_seq = 0;
+  // PreMulSum: the scalar, or where to read it when the group runs (device residence).
+  uint8_t scalar[8] = {};
+  const void* scalar_ptr = nullptr;
+  void* stream = nullptr;  // cudaStream_t, for modes that stage device memory
+};
+
+// A communicator being created: start() sends the request, finish() completes `comm`.
+// Several may be in flight at once (ncclCommInitAll, inits inside a group).
+struct CommRequest {
+  enum Kind { kInit, kSplit } kind = kInit;
+  ncclComm* comm = nullptr;  // being filled in
+  // kInit
+  uint8_t unique_id[128] = {};
+  int nranks = 0, rank = 0;
+  // kSplit
+  ncclComm* parent = nullptr;
+  int color = 0, key = 0;
+  // Mode-private state of the request in flight.
+  void* state = nullptr;
+  bool no_color_result = false;  // a split that gave this member no communicator
+};
+
+class DistMode {
+ public:
+  virtual ~DistMode() = default;
+  virtual const char* name() const = 0;
+  virtual ncclResult_t comm_start(CommRequest* req) = 0;
+  virtual ncclResult_t comm_finish(CommRequest* req) = 0;
+  virtual ncclResult_t comm_free(ncclComm* comm, proto::FreeHow how) = 0;
+  // Runs every call of a group to completion (host buffers: synchronously).
+  virtual ncclResult_t run_group(const std::vector<CollCall>& calls) = 0;
+  // Asks for the modeled time of a group without running it.
+  virtual ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) = 0;
+};
+
+// The mode selected by FAKEGPU_DIST_MODE (read once); an error for unknown or not yet
+// implemented modes.
+ncclResult_t get_mode(DistMode** out);
+
+DistMode* make_simulate_mode();
+
+}  // namespace fakegpu

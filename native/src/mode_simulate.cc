@@ -1,0 +1,381 @@
+// FAKEGPU_DIST_MODE=simulate: the coordinator computes every result. Calls become steps,
+// steps are packed into GROUP frames that fit the staging regions, and each frame is one
+// request/response on the process's connection.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "client.h"
+#include "last_error.h"
+#include "mode.h"
+#include "staging.h"
+
+namespace fakegpu {
+namespace {
+
+constexpr uint64_t kAlign = 64;           // step placement alignment in the regions
+constexpr size_t kMaxOpsPerFrame = 65536; // keeps descriptor bytes far below the frame limit
+
+uint64_t align_up(uint64_t x) { return (x + kAlign - 1) & ~(kAlign - 1); }
+
+bool is_connection_failure(ncclResult_t r) {
+  return r == ncclSystemError || r == ncclInternalError || r == ncclRemoteError || r == ncclTimeout;
+}
+
+ncclResult_t result_from_wire(int32_t r) {
+  return (r >= 0 && r < ncclNumResults) ? static_cast<ncclResult_t>(r) : ncclInternalError;
+}
+
+// Reads a GROUP_DONE whose output bytes travel in the stream (socket staging) straight
+// into the user's output buffers.
+class GroupDoneSink : public BodySink {
+ public:
+  GroupDoneSink(const std::vector<CollCall>* calls, const Step* steps, size_t n, bool payload_in_stream)
+      : calls_(calls), steps_(steps), n_(n), payload_in_stream_(payload_in_stream) {}
+  bool wants(const proto::FrameHeader& h) const override { return h.type == proto::kGroupDone; }
+  bool consume(Client& c, const proto::FrameHeader& h, std::string* err) override {
+    uint64_t left = h.body_len;
+    uint32_t n_ops;
+    if (left < 4 || !c.read_exact(&n_ops, 4)) return bad(err, "truncated");
+    left -= 4;
+    if (n_ops != n_) return bad(err, "GROUP_DONE answers " + std::to_string(n_ops) + " ops, the frame had " + std::to_string(n_));
+    results.resize(n_ops);
+    if (left < 4ull * n_ops + 2 || !c.read_exact(results.data(), 4ull * n_ops)) return bad(err, "truncated results");
+    left -= 4ull * n_ops;
+    uint16_t mlen;
+    if (!c.read_exact(&mlen, 2)) return bad(err, "truncated");
+    left -= 2;
+    if (mlen > left) return bad(err, "message runs past the frame");
+    message.resize(mlen);
+    if (mlen && !c.read_exact(&message[0], mlen)) return bad(err, "truncated message");
+    left -= mlen;
+    for (size_t i = 0; i < n_ && payload_in_stream_; i++) {
+      if (results[i] != 0 || steps_[i].out_len == 0) continue;
+      if (steps_[i].out_len > left) return bad(err, "output bytes shorter than the ops' out_len");
+      left -= steps_[i].out_len;
+      bool ok = true;
+      for_each_output_piece((*calls_)[steps_[i].call], steps_[i].off, steps_[i].cnt,
+                            [&](uint8_t* p, uint64_t len) { ok = ok && c.read_exact(p, len); });
+      if (!ok) return bad(err, "connection broke in the output bytes");
+    }
+    if (left != 0) return bad(err, std::to_string(left) + " unexpected trailing bytes");
+    return true;
+  }
+  std::vector<int32_t> results;
+  std::string message;
+
+ private:
+  static bool bad(std::string* err, const std::string& why) {
+    *err = "GROUP_DONE: " + why;
+    return false;
+  }
+  const std::vector<CollCall>* calls_;
+  const Step* steps_;
+  size_t n_;
+  bool payload_in_stream_;
+};
+
+class SimulateMode : public DistMode {
+ public:
+  const char* name() const override { return "simulate"; }
+
+  ncclResult_t comm_start(CommRequest* req) override {
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    std::vector<uint8_t> body;
+    proto::Writer w(&body);
+    uint16_t type;
+    if (req->kind == CommRequest::kInit) {
+      proto::CommInit m;
+      memcpy(m.unique_id, req->unique_id, sizeof(m.unique_id));
+      m.nranks = req->nranks;
+      m.rank = req->rank;
+      m.name = req->comm->config.name;
+      proto::encode(w, m);
+      type = proto::kCommInit;
+    } else {
+      proto::CommSplit m;
+      m.parent_handle = req->parent->handle;
+      m.color = req->color;
+      m.key = req->key;
+      m.name = req->comm->config.name;
+      proto::encode(w, m);
+      type = proto::kCommSplit;
+    }
+    auto* p = new Pending();
+    iovec iov{body.data(), body.size()};
+    rc = client->request(p, type, &iov, 1);
+    if (rc != ncclSuccess) {
+      delete p;  // never registered: nothing to wait for
+      return rc;
+    }
+    req->state = p;
+    return ncclSuccess;
+  }
+
+  ncclResult_t comm_finish(CommRequest* req) override {
+    std::unique_ptr<Pending> p(static_cast<Pending*>(req->state));
+    req->state = nullptr;
+    if (!p) return fail(ncclInternalError, "fakegpu: communicator request was never started");
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    rc = client->wait(p.get());
+    if (rc != ncclSuccess) return rc;
+    const char* what = req->kind == CommRequest::kInit ? "ncclCommInitRank" : "ncclCommSplit";
+    proto::Reader r(p->body.data(), p->body.size());
+    if (p->hdr.type == proto::kError) {
+      proto::Error e;
+      if (!proto::decode(r, &e)) return failf(ncclSystemError, "fakegpu: %s: malformed ERROR frame", what);
+      return failf(result_from_wire(e.result), "fakegpu: %s: %s", what, e.message.c_str());
+    }
+    proto::CommInfo info;
+    if (p->hdr.type != proto::kCommInfo || !proto::decode(r, &info))
+      return failf(ncclSystemError, "fakegpu: %s: unexpected %s answer", what, proto::type_name(p->hdr.type));
+    if (req->kind == CommRequest::kSplit && (info.comm_handle == 0 || info.nranks == 0)) {
+      req->no_color_result = true;
+      return ncclSuccess;
+    }
+    if (info.nranks <= 0 || info.rank < 0 || info.rank >= info.nranks ||
+        (req->kind == CommRequest::kInit && (info.rank != req->rank || info.nranks != req->nranks)))
+      return failf(ncclSystemError, "fakegpu: %s: inconsistent COMM_INFO (rank %d of %d)", what, info.rank, info.nranks);
+    ncclComm* c = req->comm;
+    c->handle = info.comm_handle;
+    c->rank = info.rank;
+    c->nranks = info.nranks;
+    c->global_ranks.assign(info.global_ranks.begin(), info.global_ranks.end());
+    return ncclSuccess;
+  }
+
+  ncclResult_t comm_free(ncclComm* comm, proto::FreeHow how) override {
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    std::vector<uint8_t> body;
+    proto::Writer w(&body);
+    proto::encode(w, proto::CommFree{comm->handle, how});
+    Pending p;
+    rc = client->call(&p, proto::kCommFree, body);
+    if (rc != ncclSuccess) return rc;
+    if (p.hdr.type == proto::kError) {
+      proto::Reader r(p.body.data(), p.body.size());
+      proto::Error e;
+      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
+      return failf(result_from_wire(e.result), "fakegpu: freeing communicator: %s", e.message.c_str());
+    }
+    return ncclSuccess;
+  }
+
+  ncclResult_t run_group(const std::vector<CollCall>& calls) override {
+    if (calls.empty()) return ncclSuccess;
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    const uint64_t S = client->staging_bytes();
+
+    thread_local std::vector<Step> steps;
+    rc = plan_steps(calls, S, &steps);
+    if (rc != ncclSuccess) return rc;
+
+    // Does the whole group fit in one frame? If not, Send steps go first so that the
+    // coordinator can park their payloads and no peer's Recv waits on a later frame of ours.
+    uint64_t in_total = 0, out_total = 0;
+    for (const Step& st : steps) {
+      in_total += align_up(st.in_len);
+      out_total += align_up(st.out_len);
+    }
+    bool split = in_total > S || out_total > S || steps.size() > kMaxOpsPerFrame;
+    if (split)
+      std::stable_partition(steps.begin(), steps.end(),
+                            [&](const Step& st) { return calls[st.call].kind == proto::kSend; });
+
+    // Serialise frames of this process: the staging regions are shared by its threads.
+    std::unique_lock<std::timed_mutex> staging(client->staging_mutex(), std::defer_lock);
+    if (!staging.try_lock_for(std::chrono::milliseconds(client->wait_timeout_ms())))
+      return fail(ncclInvalidUsage,
+                  "fakegpu: another thread of this process held the staging area for too long; when one process "
+                  "drives several ranks, issue their calls from one thread between ncclGroupStart/ncclGroupEnd");
+
+    ncclResult_t first_error = ncclSuccess;
+    std::string first_msg;
+    size_t i = 0;
+    while (i < steps.size()) {
+      size_t begin = i;
+      uint64_t in_used = 0, out_used = 0;
+      for (; i < steps.size() && i - begin < kMaxOpsPerFrame; i++) {
+        Step& st = steps[i];
+        uint64_t in_at = st.in_len ? align_up(in_used) : 0, out_at = st.out_len ? align_up(out_used) : 0;
+        if (i > begin && (in_at + st.in_len > S || out_at + st.out_len > S)) break;
+        st.in_offset = in_at;
+        st.out_offset = out_at;
+        if (st.in_len) in_used = in_at + st.in_len;
+        if (st.out_len) out_used = out_at + st.out_len;
+      }
+      bool partial = i < steps.size();
+      ncclResult_t frc = run_frame(client, calls, &steps[begin], i - begin, partial, &first_error, &first_msg);
+      if (frc != ncclSuccess) {  // the connection is gone: nothing further can run
+        mark_async(calls, frc);
+        return frc;
+      }
+    }
+    if (first_error != ncclSuccess) return fail(first_error, first_msg);
+    return ncclSuccess;
+  }
+
+  ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) override {
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
+    uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
+    memcpy(body.data(), &n, 4);
+    memcpy(body.data() + 4, &flags, 4);
+    for (size_t k = 0; k < calls.size(); k++) {
+      Step st;
+      st.cnt = calls[k].count;
+      st.flags = proto::kOpFirstStep | proto::kOpLastStep;
+      step_lengths(calls[k], st.cnt, &st.in_len, &st.out_len);
+      encode_desc(calls[k], st, body.data() + 8 + k * proto::kOpDescSize);
+    }
+    Pending p;
+    rc = client->call(&p, proto::kSimulate, body);
+    if (rc != ncclSuccess) return rc;
+    proto::Reader r(p.body.data(), p.body.size());
+    if (p.hdr.type == proto::kError) {
+      proto::Error e;
+      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
+      return failf(result_from_wire(e.result), "fakegpu: ncclGroupSimulateEnd: %s", e.message.c_str());
+    }
+    proto::SimulateDone d;
+    if (p.hdr.type != proto::kSimulateDone || !proto::decode(r, &d))
+      return failf(ncclSystemError, "fakegpu: ncclGroupSimulateEnd: unexpected %s answer", proto::type_name(p.hdr.type));
+    *estimated_us = d.estimated_time_us;
+    return ncclSuccess;
+  }
+
+ private:
+  static void encode_desc(const CollCall& c, const Step& st, uint8_t* out) {
+    proto::OpDesc d;
+    d.comm_handle = c.comm->handle;
+    d.kind = c.kind;
+    d.datatype = c.datatype;
+    d.redop = c.redop;
+    d.flags = static_cast<uint8_t>(st.flags | (c.in_place ? proto::kOpInPlace : 0));
+    d.root = c.root;
+    d.total_count = c.count;
+    d.step_count = st.cnt;
+    d.in_offset = st.in_offset;
+    d.in_len = st.in_len;
+    d.out_offset = st.out_offset;
+    d.out_len = st.out_len;
+    if (c.redop == 5) {
+      // A device-resident scalar is read when the collective runs, as NCCL does.
+      memcpy(d.scalar, c.scalar_ptr ? c.scalar_ptr : c.scalar, datatype_size(c.datatype));
+    }
+    d.call_seq = c.call_seq;
+    proto::encode_opdesc(out, d);
+  }
+
+  static void mark_async(const std::vector<CollCall>& calls, ncclResult_t r) {
+    for (const CollCall& c : calls) c.comm->async_error.store(r);
+  }
+
+  // Sends one GROUP frame of steps[0..n) and applies its GROUP_DONE. Returns non-success
+  // only when the connection failed; per-op failures land in *first_error.
+  ncclResult_t run_frame(Client* client, const std::vector<CollCall>& calls, Step* steps, size_t n, bool partial,
+                         ncclResult_t* first_error, std::string* first_msg) {
+    thread_local std::vector<uint8_t> head;
+    thread_local std::vector<iovec> iov;
+    head.resize(8 + n * proto::kOpDescSize);
+    uint32_t n_ops = static_cast<uint32_t>(n), flags = partial ? proto::kGroupPartial : 0;
+    memcpy(head.data(), &n_ops, 4);
+    memcpy(head.data() + 4, &flags, 4);
+    for (size_t k = 0; k < n; k++) encode_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
+    iov.clear();
+    iov.push_back({head.data(), head.size()});
+
+    const bool shm = client->shm();
+    if (shm) {
+      uint8_t* in = client->shm_in();
+      for (size_t k = 0; k < n; k++) {
+        uint8_t* dst = in + steps[k].in_offset;
+        for_each_input_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
+          memcpy(dst, p, len);
+          dst += len;
+        });
+      }
+    } else {
+      for (size_t k = 0; k < n; k++)
+        for_each_input_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
+          iov.push_back({const_cast<uint8_t*>(p), len});
+        });
+    }
+
+    GroupDoneSink sink(&calls, steps, n, !shm);
+    Pending p;
+    p.sink = &sink;
+    ncclResult_t rc = client->request(&p, proto::kGroup, iov.data(), static_cast<int>(iov.size()));
+    if (rc == ncclSuccess) rc = client->wait(&p);
+    if (rc != ncclSuccess) {
+      if (*first_error == ncclSuccess) {
+        *first_error = rc;
+        *first_msg = last_error();
+      }
+      return rc;
+    }
+    if (p.hdr.type == proto::kError) {
+      proto::Reader r(p.body.data(), p.body.size());
+      proto::Error e;
+      if (!proto::decode(r, &e)) {
+        e.result = ncclSystemError;
+        e.message = "malformed ERROR frame";
+      }
+      note_failure(calls, steps[0], result_from_wire(e.result), e.message, first_error, first_msg);
+      return ncclSuccess;
+    }
+    if (p.hdr.type != proto::kGroupDone)
+      return fail(ncclSystemError, std::string("fakegpu: unexpected ") + proto::type_name(p.hdr.type) + " answer to GROUP");
+    for (size_t k = 0; k < n; k++) {
+      ncclResult_t r = result_from_wire(sink.results[k]);
+      if (r != ncclSuccess) {
+        note_failure(calls, steps[k], r, sink.message, first_error, first_msg);
+        continue;
+      }
+      if (shm && steps[k].out_len) {
+        const uint8_t* src = client->shm_out() + steps[k].out_offset;
+        for_each_output_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](uint8_t* q, uint64_t len) {
+          memcpy(q, src, len);
+          src += len;
+        });
+      }
+    }
+    return ncclSuccess;
+  }
+
+  static void note_failure(const std::vector<CollCall>& calls, const Step& st, ncclResult_t r, const std::string& msg,
+                           ncclResult_t* first_error, std::string* first_msg) {
+    const CollCall& c = calls[st.call];
+    std::string text = "fakegpu: " + std::string(proto::kind_name(c.kind)) + " (call " + std::to_string(c.call_seq) +
+                       " on rank " + std::to_string(c.comm->rank) + " of " + std::to_string(c.comm->nranks) +
+                       ") failed with " + result_name(r) + ": " + msg;
+    {
+      std::lock_guard<std::mutex> lk(c.comm->mu);
+      c.comm->last_error = text;
+    }
+    // Lost peers and timeouts leave the communicator unusable, as in NCCL; watchdogs
+    // polling ncclCommGetAsyncError see them. Disagreements fail only the call.
+    if (is_connection_failure(r)) c.comm->async_error.store(r);
+    if (*first_error == ncclSuccess) {
+      *first_error = r;
+      *first_msg = text;
+    }
+  }
+};
+
+}  // namespace
+
+DistMode* make_simulate_mode() { return new SimulateMode(); }
+
+}  // namespace fakegpu
