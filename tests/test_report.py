@@ -321,3 +321,12 @@ def test_nested_metadata_in_markdown(topo):
     rep = ClusterReport(topo, metadata={"coordinator": {"transport": "tcp", "pid": 42}, "cluster_config": None})
     md = render_markdown(rep.to_dict())
     assert "| metadata: coordinator.transport | tcp |" in md
+
+
+def test_report_files_are_readable_and_keep_their_mode(allreduce_report, tmp_path):
+    out = tmp_path / "r.json"
+    allreduce_report.write(out)
+    assert out.stat().st_mode & 0o777 == 0o644
+    out.chmod(0o640)
+    allreduce_report.write(out)
+    assert out.stat().st_mode & 0o777 == 0o640

@@ -16,6 +16,13 @@ def atomic_write_text(path: PathLike, text: str) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
     try:
+        # mkstemp makes the file private (0600); a report is for reading, so keep the mode a
+        # previous copy had, else make it readable like any file the user writes.
+        try:
+            mode = target.stat().st_mode & 0o777
+        except OSError:
+            mode = 0o644
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
