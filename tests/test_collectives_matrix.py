@@ -88,6 +88,7 @@ def matrix_runs(shim_library):
             if "coord" not in coordinators:
                 coordinators["coord"] = CoordinatorProcess("unix")
             scenarios = [("collective", params) for params in _cases(nranks)]
+            scenarios.append(("staging_info", {}))  # last: which staging path was used
             try:
                 runs[variant] = run_ranks(nranks, scenarios, coordinators["coord"],
                                           library=shim_library, env=env, timeout_s=600)
@@ -114,3 +115,10 @@ def test_collective_matches_numpy(matrix_runs, variant, index, params):
             f"rank {rank} of {nranks}: {data.describe_mismatch(got['out'], expected)}")
         if "send_unchanged" in got:
             assert got["send_unchanged"], f"rank {rank}: the send buffer was modified"
+
+
+@pytest.mark.parametrize("variant,shared_memory", [("4r", True), ("4r-socket", False)])
+def test_matrix_used_the_intended_staging_path(matrix_runs, variant, shared_memory):
+    run = matrix_runs(variant)
+    for rank, info in enumerate(run.all_ok(len(run.scenarios) - 1)):
+        assert bool(info["shm_segments"]) == shared_memory, (rank, info)

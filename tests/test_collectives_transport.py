@@ -19,15 +19,26 @@ def test_64mib_payloads_in_small_chunks(start_coordinator, ranks, staging):
     env = dict(SMALL_STAGING, **(SOCKET if staging == "socket" else {}))
     coordinator = start_coordinator("unix")
     scenarios = [
+        ("staging_info", {}),
         ("large_allreduce", {"nbytes": 64 * MIB}),
         ("large_allreduce", {"nbytes": 64 * MIB, "inplace": True}),
         ("large_mixed_group", {"nbytes": 64 * MIB}),
     ]
     run = ranks(2, scenarios, coordinator, env=env, timeout_s=400, op_timeout_ms=120000)
-    for index, (name, params) in enumerate(scenarios):
+    _assert_staging(run, shared_memory=(staging == "shm"))
+    for index, (name, params) in enumerate(scenarios[1:], start=1):
         for rank, got in enumerate(run.all_ok(index)):
             assert got["wrong"] == 0, f"{name} {params} rank {rank}: {got['wrong']} wrong"
     assert coordinator.alive()
+
+
+def _assert_staging(run, *, shared_memory: bool, index: int = 0) -> None:
+    """Prove which staging path the ranks used: a shm segment is mapped only with shared memory."""
+    for rank, info in enumerate(run.all_ok(index)):
+        if shared_memory:
+            assert info["shm_segments"], f"rank {rank} maps no /dev/shm staging segment"
+        else:
+            assert not info["shm_segments"], f"rank {rank} maps {info['shm_segments']}"
 
 
 def test_partial_groups_on_four_ranks(start_coordinator, ranks):
@@ -65,14 +76,18 @@ def test_collectives_over_tcp(start_coordinator, ranks):
     coordinator = start_coordinator("tcp")
     scenarios = [("collective", params) for params in SMALL_CASES]
     scenarios.append(("large_allreduce", {"nbytes": 16 * MIB}))
+    scenarios.append(("staging_info", {}))
     run = ranks(2, scenarios, coordinator, timeout_s=300)
     _check_small(run, 2)
     assert [got["wrong"] for got in run.all_ok(len(SMALL_CASES))] == [0, 0]
+    _assert_staging(run, shared_memory=False, index=len(SMALL_CASES) + 1)  # TCP: socket only
 
 
 def test_socket_staging_with_tiny_chunks(start_coordinator, ranks):
     """Every small case cut into many steps: 4 KiB staging over the socket path."""
     coordinator = start_coordinator("unix")
-    run = ranks(3, [("collective", params) for params in SMALL_CASES], coordinator,
-                env={"FAKEGPU_STAGING_CHUNK_BYTES": "4096", **SOCKET}, timeout_s=300)
+    run = ranks(3, [("collective", params) for params in SMALL_CASES] + [("staging_info", {})],
+                coordinator, env={"FAKEGPU_STAGING_CHUNK_BYTES": "4096", **SOCKET},
+                timeout_s=300)
     _check_small(run, 3)
+    _assert_staging(run, shared_memory=False, index=len(SMALL_CASES))

@@ -18,6 +18,11 @@ from .shim import REPO_ROOT
 _TCP_ADDRESS = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]|localhost):(\d+)")
 
 
+def coordinator_command(args: list[str]) -> list[str]:
+    """The command line that starts a coordinator with ``args`` (one place to change it)."""
+    return [sys.executable, "-m", "fakegpu", "coordinator", *args]
+
+
 class CoordinatorUnavailable(RuntimeError):
     """The coordinator could not be started in the requested form (e.g. no TCP support yet)."""
 
@@ -46,7 +51,7 @@ class CoordinatorProcess:
             args = ["--transport", "unix", "--address", self.address]
         else:
             args = ["--listen", "127.0.0.1:0"]
-        self.command = [sys.executable, "-m", "fakegpu", "coordinator", *args, *extra_args]
+        self.command = coordinator_command([*args, *extra_args])
         self.proc = subprocess.Popen(
             self.command, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,

@@ -435,3 +435,14 @@ def init_all_in_one_process(ctx: RankContext, ndev: int = 3) -> dict:
     for c in comms:
         c.destroy()
     return {"ranks": ranks, "sizes": sizes, "outs": recvs}
+
+
+@scenario
+def staging_info(ctx: RankContext) -> dict:
+    """Whether this process maps a shared-memory staging segment (the shim creates it with
+    shm_open and unlinks the name, so it shows in /proc/self/maps as /dev/shm/... (deleted))."""
+    with open("/proc/self/maps") as maps:
+        segments = sorted({line.split()[-2] if line.rstrip().endswith("(deleted)")
+                           else line.split()[-1]
+                           for line in maps if "/dev/shm/" in line})
+    return {"shm_segments": segments}
