@@ -11,6 +11,7 @@ The formulas are written out in docs/cost-model.md.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -112,11 +113,11 @@ class Estimate:
     def busbw_gbs(self) -> float:
         return busbw_gbs(self.kind, self.logical_bytes, self.seconds, self.nranks)
 
-    @property
+    @functools.cached_property
     def intra_node_bytes(self) -> int:
         return sum(b for (s, d), b in self.node_bytes.items() if s == d)
 
-    @property
+    @functools.cached_property
     def inter_node_bytes(self) -> int:
         return sum(b for (s, d), b in self.node_bytes.items() if s != d)
 

@@ -115,6 +115,45 @@ class _CommStats:
     by_kind: Counter = field(default_factory=Counter)
 
 
+@dataclass
+class _Attribution:
+    """An estimate's transfers summed the ways the report needs them."""
+    sent: dict[int, int]
+    received: dict[int, int]
+    scopes: dict[str, tuple[int, int]]                  # scope -> (bytes, transfers)
+    node_local: dict[int, tuple[int, int]]              # node -> (bytes, transfers)
+    pairs: dict[tuple[int, int], tuple[int, int, int]]  # (low, high) node -> (fwd, back, transfers)
+
+    @classmethod
+    def of(cls, est: costmodel.Estimate, topo: Topology) -> "_Attribution":
+        sent: dict[int, int] = defaultdict(int)
+        received: dict[int, int] = defaultdict(int)
+        scopes = {"intra_node": [0, 0], "inter_node": [0, 0]}
+        local: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        pairs: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+        for (src, dst), nbytes in est.transfers.items():
+            sent[src] += nbytes
+            received[dst] += nbytes
+            ns, nd = topo.node_of(src), topo.node_of(dst)
+            if ns == nd:
+                scopes["intra_node"][0] += nbytes
+                scopes["intra_node"][1] += 1
+                local[ns][0] += nbytes
+                local[ns][1] += 1
+            else:
+                scopes["inter_node"][0] += nbytes
+                scopes["inter_node"][1] += 1
+                key = (min(ns, nd), max(ns, nd))
+                pairs[key][0 if ns < nd else 1] += nbytes
+                pairs[key][2] += 1
+        return cls(
+            dict(sent), dict(received),
+            {k: (v[0], v[1]) for k, v in scopes.items() if v[1]},
+            {k: (v[0], v[1]) for k, v in sorted(local.items())},
+            {k: (v[0], v[1], v[2]) for k, v in sorted(pairs.items())},
+        )
+
+
 class ClusterReport:
     """Recorder (see fakegpu.coordinator.records) that accumulates the cluster report."""
 
@@ -142,6 +181,9 @@ class ClusterReport:
         self._unattributed: list[str] = []
         self._unattributed_count = 0
         self._estimates: dict[tuple, costmodel.Estimate] = {}
+        # Per-estimate sums of its transfers, so a repeated operation (the common case) costs
+        # O(ranks + node pairs) instead of O(transfers), e.g. n^2 for an all-to-all.
+        self._attributions: dict[int, tuple[costmodel.Estimate, "_Attribution"]] = {}
 
     # -- Recorder protocol -------------------------------------------------------------
     def client_connected(self, client: ClientRecord) -> None:
@@ -196,6 +238,7 @@ class ClusterReport:
         if est is None:
             if len(self._estimates) >= _CACHE_LIMIT:
                 self._estimates.clear()
+                self._attributions.clear()
             est = costmodel.estimate(kind, op.count, op.elem_size, op.comm.global_ranks,
                                      op.root, op.peer, self.topology)
             self._estimates[key] = est
@@ -223,21 +266,31 @@ class ClusterReport:
         # Everything that can reject the record (unplaced rank, bad kind) runs before any
         # counter moves, so a rejected record leaves the report consistent.
         est = self._estimate(op, kind) if ok else None
+        node_of = self.topology.node_of
         for g in participants:
-            self.topology.node_of(g)
+            node_of(g)  # raises for a rank the topology does not place
+        ranks = [self._rank(g) for g in participants]
         self._status[op.status] += 1
         comm = self._comms.get(op.comm.comm_id)
         if comm is None:
             comm = self._comms[op.comm.comm_id] = _CommStats(op.comm)
-
         stats = self._p2p if kind == "SendRecv" else self._kinds.setdefault(kind, _KindStats())
-        for g in participants:
-            r = self._rank(g)
-            r.wait_s += float(op.arrival_wait_s.get(g, 0.0))
+        seconds = est.seconds if est is not None else 0.0
+        # Modeled timeline: an operation starts when its last participant is free.
+        start = max(r.modeled_clock_s for r in ranks) if ranks else 0.0
+        waits = op.arrival_wait_s
+        collective_ok = ok and pair is None
+        for r in ranks:
+            if waits:
+                r.wait_s += float(waits.get(r.rank, 0.0))
             if op.status == "timeout":
                 r.timeouts += 1
             elif not ok:
                 r.errors += 1
+            if collective_ok:
+                r.collective_calls += 1
+            r.modeled_clock_s = start + seconds
+            r.modeled_busy_s += seconds
         if not ok:
             stats.errors += 1
             comm.errors += 1
@@ -257,24 +310,13 @@ class ClusterReport:
             comm.modeled_time_s += est.seconds
             comm.by_kind[kind] += 1
             if pair is not None:
-                self._rank(participants[0]).p2p_sends += 1
-                self._rank(participants[1]).p2p_recvs += 1
-                if self.topology.same_node(*participants):
+                ranks[0].p2p_sends += 1
+                ranks[1].p2p_recvs += 1
+                if self.topology.same_node(*pair):
                     self._p2p_intra += 1
                 else:
                     self._p2p_inter += 1
-            else:
-                for g in participants:
-                    self._rank(g).collective_calls += 1
             self._attribute(kind, est)
-
-        # Modeled timeline: an operation starts when its last participant is free.
-        seconds = est.seconds if est is not None else 0.0
-        start = max((self._rank(g).modeled_clock_s for g in participants), default=0.0)
-        for g in participants:
-            r = self._rank(g)
-            r.modeled_clock_s = start + seconds
-            r.modeled_busy_s += seconds
 
         if len(self._timeline) < self.max_operations:
             self._timeline.append(self._timeline_entry(op, kind, participants, pair, est, start))
@@ -282,35 +324,23 @@ class ClusterReport:
             self._dropped += 1
 
     def _attribute(self, kind: str, est: costmodel.Estimate) -> None:
-        topo = self.topology
-        scope_bytes = {"intra_node": 0, "inter_node": 0}
-        scope_transfers = {"intra_node": 0, "inter_node": 0}
-        node_local: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-        pair_op: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # fwd, back, transfers
-        for (src, dst), nbytes in est.transfers.items():
-            self._ranks[src].bytes_sent += nbytes
-            self._ranks[dst].bytes_received += nbytes
-            ns, nd = topo.node_of(src), topo.node_of(dst)
-            if ns == nd:
-                scope_bytes["intra_node"] += nbytes
-                scope_transfers["intra_node"] += 1
-                node_local[ns][0] += nbytes
-                node_local[ns][1] += 1
-            else:
-                scope_bytes["inter_node"] += nbytes
-                scope_transfers["inter_node"] += 1
-                key = (min(ns, nd), max(ns, nd))
-                pair_op[key][0 if ns < nd else 1] += nbytes
-                pair_op[key][2] += 1
-        for scope in ("intra_node", "inter_node"):
-            if scope_transfers[scope]:
-                self._links[scope].add(scope_bytes[scope], scope_transfers[scope], est.seconds)
-        for node, (nbytes, transfers) in node_local.items():
+        att = self._attributions.get(id(est))
+        if att is None or att[0] is not est:
+            att = (est, _Attribution.of(est, self.topology))
+            self._attributions[id(est)] = att
+        a = att[1]
+        for rank, nbytes in a.sent.items():
+            self._ranks[rank].bytes_sent += nbytes
+        for rank, nbytes in a.received.items():
+            self._ranks[rank].bytes_received += nbytes
+        for scope, (nbytes, transfers) in a.scopes.items():
+            self._links[scope].add(nbytes, transfers, est.seconds)
+        for node, (nbytes, transfers) in a.node_local.items():
             self._per_node_intra[node].add(nbytes, transfers, est.seconds)
-        for (a, b), (fwd, back, transfers) in pair_op.items():
-            pair = self._pairs.get((a, b))
+        for (na, nb), (fwd, back, transfers) in a.pairs.items():
+            pair = self._pairs.get((na, nb))
             if pair is None:
-                pair = self._pairs[(a, b)] = _PairStats(a, b)
+                pair = self._pairs[(na, nb)] = _PairStats(na, nb)
             total = fwd + back
             pair.forward += fwd
             pair.backward += back

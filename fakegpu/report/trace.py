@@ -26,24 +26,21 @@ def build_trace(report: dict) -> dict:
                            "args": {"sort_index": rank}})
     for op in report["timeline"]["operations"]:
         label = op["kind"] if not op["comm_name"] else f"{op['kind']} [{op['comm_name']}]"
+        # Kept small: these args repeat on every participant's event, and the JSON report's
+        # timeline has the full record (global ranks, datatype, wall times) under the same seq.
         args = {
             "seq": op["seq"],
             "comm_id": op["comm_id"],
-            "status": op["status"],
             "algorithm": op["algorithm"],
-            "datatype": op["datatype"],
-            "redop": op["redop"],
             "logical_bytes": op["logical_bytes"],
-            "intra_node_bytes": op["intra_node_bytes"],
             "inter_node_bytes": op["inter_node_bytes"],
-            "global_ranks": op["global_ranks"],
         }
         for rank in op["global_ranks"]:
             if op["status"] != "ok":
                 # A failed operation moved nothing: mark the moment instead of a zero-length box.
                 events.append({"name": f"{label} {op['status']}", "cat": "failure", "ph": "i", "s": "t",
                                "ts": op["modeled_start_s"] * 1e6, "pid": rank_node.get(rank, 0), "tid": rank,
-                               "args": dict(args, error=op["error"])})
+                               "args": dict(args, status=op["status"], error=op["error"])})
                 continue
             events.append({
                 "name": label,

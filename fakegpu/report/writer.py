@@ -52,5 +52,5 @@ def write_report_files(report: dict, json_path: PathLike, markdown_path: Optiona
     md = markdown_path if markdown_path is not None else default_markdown_path(json_path)
     written["markdown"] = atomic_write_text(md, render_markdown(report))
     if trace_path is not None:
-        written["trace"] = atomic_write_text(trace_path, json.dumps(build_trace(report)) + "\n")
+        written["trace"] = atomic_write_text(trace_path, json.dumps(build_trace(report), separators=(",", ":")) + "\n")
     return written
