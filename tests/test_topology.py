@@ -230,3 +230,18 @@ def test_all_problems_reported_together(tmp_path):
     error, _ = _error(tmp_path, text)
     paths = {i.path for i in error.issues}
     assert "nodes[0].gpus[1].profile" in paths and "nodes[1].ranks[1]" in paths
+
+
+def test_yaml_anchors_and_merge_keys(tmp_path):
+    text = BASE.replace("fabric:\n  intra_node:\n    type: nvlink\n", "fabric:\n  intra_node: &fast\n    type: nvlink\n")
+    text = text.replace("  inter_node:\n    type: infiniband\n    bandwidth_gbps: 200\n",
+                        "  inter_node:\n    <<: *fast\n    type: infiniband\n    bandwidth_gbps: 200\n")
+    text = text.replace("    latency_us: 15\n", "")
+    topo, _ = _load(tmp_path, text)
+    assert topo.inter_node.type == "infiniband" and topo.inter_node.latency_us == 3   # merged from the anchor
+    assert topo.inter_node.bandwidth_gbps == 200                                      # explicit key wins
+
+
+def test_unknown_yaml_tag(tmp_path):
+    error, _ = _error(tmp_path, BASE.replace("latency_us: 15", "latency_us: !microseconds 15"))
+    assert "YAML error" in str(error) and error.issues[0].line == 26

@@ -73,7 +73,19 @@ class _Document:
         self.lines[path] = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
+            merged: dict[str, Any] = {}
             for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    # `<<: *defaults` (or a list of them): their keys apply unless set here.
+                    sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                    for src in sources:
+                        value = self.build(src, path)
+                        if not isinstance(value, dict):
+                            self.issue(path, "a `<<` merge key needs a mapping (or a list of mappings)")
+                            continue
+                        for k, v in value.items():
+                            merged.setdefault(k, v)
+                    continue
                 key = self._scalars.construct_object(key_node, deep=True)
                 if not isinstance(key, str):
                     key = str(key)
@@ -84,6 +96,9 @@ class _Document:
                 out[key] = self.build(value_node, path + (key,))
                 # Point at the key's line: for block values the value starts on the next one.
                 self.lines[path + (key,)] = key_node.start_mark.line + 1
+            for k, v in merged.items():
+                out.setdefault(k, v)
+            self.lines[path] = node.start_mark.line + 1
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
@@ -111,7 +126,12 @@ def parse_cluster_config(text: str, source: str = "<string>") -> Topology:
         raise ClusterConfigError([ConfigIssue(source, "<document>", line, f"YAML syntax error: {exc.problem}")]) from None
     if root is None:
         raise ClusterConfigError([ConfigIssue(source, "<document>", 1, "the file is empty")])
-    data = doc.build(root, ())
+    try:
+        data = doc.build(root, ())
+    except yaml.MarkedYAMLError as exc:  # e.g. a value of an unknown !tag
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ClusterConfigError([ConfigIssue(source, "<document>", line, f"YAML error: {exc.problem}")]) from None
     if doc.issues:
         raise ClusterConfigError(doc.issues)
 
