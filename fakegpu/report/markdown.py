@@ -5,6 +5,7 @@ import datetime as _dt
 from typing import Iterable, Sequence
 
 TOP_COMMUNICATORS = 10
+TOP_OPERATIONS = 10
 
 
 def fmt_bytes(n: float) -> str:
@@ -148,6 +149,22 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Timeline", "",
               f"{tl['retained']} operations retained (limit {tl['max_operations']}), "
               f"{tl['dropped_operations']} dropped from the timeline (still counted above)."]
+    costly = sorted((o for o in tl["operations"] if o["status"] == "ok" and o["modeled_s"] > 0),
+                    key=lambda o: -o["modeled_s"])[:TOP_OPERATIONS]
+    if costly:
+        lines += ["", "Most expensive retained operations (modeled):", ""]
+        lines += table(
+            ("Comm", "Seq", "Operation", "Ranks", "Type", "Payload", "Inter-node bytes", "Algorithm", "Modeled"),
+            ((o["comm_name"] or o["comm_id"], o["seq"], o["kind"], _ranks_text(o["global_ranks"]), o["datatype"],
+              fmt_bytes(o["logical_bytes"]), fmt_bytes(o["inter_node_bytes"]), o["algorithm"],
+              fmt_seconds(o["modeled_s"])) for o in costly),
+        )
+    failed = [o for o in tl["operations"] if o["status"] != "ok"][:TOP_OPERATIONS]
+    if failed:
+        lines += ["", "Failed operations:", ""]
+        lines += table(("Comm", "Seq", "Operation", "Ranks", "Status", "Error"),
+                       ((o["comm_name"] or o["comm_id"], o["seq"], o["kind"], _ranks_text(o["global_ranks"]),
+                         o["status"], o["error"][:120]) for o in failed))
     lines += ["", "## What the modeled numbers mean", ""]
     lines += [f"- {note}" for note in report["notes"]]
     lines += [
