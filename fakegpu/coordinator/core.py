@@ -112,7 +112,9 @@ class Core:
         self._next_handle = 1
         self._next_comm = 1
         self._out: list = []
-        self.stats = {"groups": 0, "ops": 0, "errors": 0}
+        self.n_groups = 0
+        self.n_ops = 0
+        self.n_errors = 0
 
     # ------------------------------------------------------------------ entry points
 
@@ -210,7 +212,7 @@ class Core:
         return {"version": _version(), "pid": os.getpid(), "transport": self.transport,
                 "clients": len(self.clients), "communicators": len(self.comms),
                 "pending": len(self._waiting), "uptime_s": round(self.wall() - self.started_wall, 3),
-                **self.stats}
+                "groups": self.n_groups, "ops": self.n_ops, "errors": self.n_errors}
 
     # ------------------------------------------------------------------ helpers
 
@@ -219,7 +221,7 @@ class Core:
             self._out.append((SEND, client.id, data))
 
     def _error(self, client: Client, request_id: int, result: int, message: str) -> None:
-        self.stats["errors"] += 1
+        self.n_errors += 1
         self._send(client, error_frame(request_id, result, message))
 
     def _uid_label(self, rdv: InitRendezvous) -> str:
@@ -472,7 +474,7 @@ class Core:
         descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
         client.groups[rid] = group
-        self.stats["groups"] += 1
+        self.n_groups += 1
         if n_ops == 0:
             self._finish_group(group)
             return
@@ -629,7 +631,7 @@ class Core:
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
             return
-        self.stats["ops"] += 1
+        self.n_ops += 1
         if self.recording:
             self._record_collective(slot, steps, first, dt, t0, self.clock())
         for s in steps:
@@ -703,7 +705,7 @@ class Core:
         dst = recv.member.client.outp[rd[D_OUT_OFF]:rd[D_OUT_OFF] + rd[D_OUT_LEN]]
         t0 = self.clock()
         copy_p2p(src, dst)
-        self.stats["ops"] += 1
+        self.n_ops += 1
         if self.recording:
             self._record_p2p(comm, key, q, send, recv, t0, self.clock())
         if send.payload is None:

@@ -126,8 +126,31 @@ def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: 
     return 0, c  # Recv
 
 
+_SHAPE_CACHE: dict = {}
+
+
 def validate(desc: tuple, member, S: int) -> Optional[str]:
-    """None when the op is well formed for this member, else what is wrong."""
+    """None when the op is well formed for this member, else what is wrong.
+
+    The hot path: the shape checks depend only on (kind, dtype, redop, root, counts,
+    lengths, rank, nranks) and are memoised; only the staging offsets are checked per op."""
+    key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
+           member.rank, member.comm.nranks)
+    err = _SHAPE_CACHE.get(key, False)
+    if err is False:
+        err = _validate_shape(desc, member)
+        if len(_SHAPE_CACHE) > 65536:
+            _SHAPE_CACHE.clear()
+        _SHAPE_CACHE[key] = err
+    if err is not None:
+        return err
+    if desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S:
+        return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
+                f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted")
+    return None
+
+
+def _validate_shape(desc: tuple, member) -> Optional[str]:
     kind = desc[D_KIND]
     if kind not in P.KIND_NAMES:
         return f"unknown op kind {kind}"
@@ -148,7 +171,4 @@ def validate(desc: tuple, member, S: int) -> Optional[str]:
         return (f"{P.KIND_NAMES[kind]} of {desc[D_STEP]} {dt.name} on rank {member.rank} of {n} stages "
                 f"in_len={desc[D_IN_LEN]} out_len={desc[D_OUT_LEN]}, expected in_len={want_in} "
                 f"out_len={want_out}")
-    if desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S:
-        return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
-                f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted")
     return None

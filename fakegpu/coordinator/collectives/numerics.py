@@ -110,6 +110,22 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
     block = max(1, BLOCK_BYTES // dt.size)
     first = outputs[0]
     rest = outputs[1:]
+    if not dt.narrow and not premul and count <= block:
+        # Small payloads (the latency path): one pass, no block slicing.
+        if n == 1:
+            np.copyto(first, inputs[0])
+        else:
+            func(inputs[0], inputs[1], out=first)
+            for i in range(2, n):
+                func(first, inputs[i], out=first)
+        if redop == P.REDOP_AVG:
+            if dt.is_float:
+                np.divide(first, dt.np.type(n), out=first)
+            else:
+                _int_truncating_divide(first, n)
+        for r in rest:
+            np.copyto(r, first)
+        return
     if not dt.narrow:
         tmp = np.empty(min(block, count), dtype=dt.np) if premul else None
         for lo in range(0, count, block):
