@@ -232,3 +232,13 @@ def test_calibration_8x_a100():
     assert big.busbw_gbs == pytest.approx(232.8, rel=0.07)
     small = estimate("AllReduce", 2, 4, list(range(8)), -1, -1, topo)
     assert small.seconds == pytest.approx(20e-6, rel=0.2)
+
+
+def test_modeled_table_command(capsys):
+    assert costmodel.main([str(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml"), "-b", "1M", "-e", "4M", "-f", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# h100-2x8-ndr: AllReduce over 16 ranks on 2 node(s)")
+    rows = [line.split() for line in out[2:]]
+    assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20, 4 << 20]
+    assert costmodel.main(["--world-size", "4", "--kind", "alltoall", "-b", "64K", "-e", "64K"]) == 0
+    assert "pairwise" in capsys.readouterr().out
