@@ -330,3 +330,11 @@ def test_report_files_are_readable_and_keep_their_mode(allreduce_report, tmp_pat
     out.chmod(0o640)
     allreduce_report.write(out)
     assert out.stat().st_mode & 0o777 == 0o640
+
+
+def test_config_warnings_reach_the_report(tmp_path):
+    from fakegpu.topology import parse_cluster_config
+    text = (CONFIGS / "dev-2node-2gpu.yaml").read_text().replace("bandwidth_gbps: 2400", "bandwidth_gbps: 300")
+    d = ClusterReport(parse_cluster_config(text, "x.yaml")).to_dict()
+    assert check_report(d) == []
+    assert d["topology"]["warnings"] and any("cluster config warning" in n for n in d["notes"])

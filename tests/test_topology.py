@@ -245,3 +245,10 @@ def test_yaml_anchors_and_merge_keys(tmp_path):
 def test_unknown_yaml_tag(tmp_path):
     error, _ = _error(tmp_path, BASE.replace("latency_us: 15", "latency_us: !microseconds 15"))
     assert "YAML error" in str(error) and error.issues[0].line == 26
+
+
+def test_gigabit_units_warning(tmp_path):
+    topo, path = _load(tmp_path, BASE.replace("bandwidth_gbps: 2400", "bandwidth_gbps: 300"))
+    assert len(topo.warnings) == 1
+    assert f"{path}:21: fabric.intra_node.bandwidth_gbps: 300 Gb/s (37.5 GB/s)" in topo.warnings[0]
+    assert load_cluster_config(CONFIGS / "h100-1node-8gpu-nvlink.yaml").warnings == []

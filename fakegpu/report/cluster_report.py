@@ -503,6 +503,7 @@ class ClusterReport:
                 f"No cluster config was given: the default topology (one node, {topo.world_size} "
                 f"{topo.gpu_of(0).name} GPUs on NVLink) was assumed."
             )
+        notes.extend(f"cluster config warning: {w}" for w in topo.warnings)
         if self._dropped:
             notes.append(f"The timeline kept the first {self.max_operations} operations; "
                          f"{self._dropped} later ones are counted in the summaries only.")

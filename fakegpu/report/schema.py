@@ -32,6 +32,7 @@ _TOPOLOGY = _obj({
     "name": {"type": "string"},
     "source": _STR_OR_NULL,
     "is_default": {"type": "boolean"},
+    "warnings": {"type": "array", "items": {"type": "string"}},
     "default_backend": {"type": "string"},
     "world_size": _INT,
     "node_count": _INT,

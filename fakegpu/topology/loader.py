@@ -141,7 +141,27 @@ def parse_cluster_config(text: str, source: str = "<string>") -> Topology:
     _check_semantics(doc, data)
     if doc.issues:
         raise ClusterConfigError(doc.issues)
-    return _to_topology(data, source)
+    topology = _to_topology(data, source)
+    topology.warnings.extend(_plausibility_warnings(doc, data))
+    return topology
+
+
+# NVLink's slowest generation in the catalogue moves 300 GB/s = 2400 Gb/s per GPU.
+_NVLINK_FLOOR_GBPS = 400
+
+
+def _plausibility_warnings(doc: _Document, data: dict) -> list[str]:
+    """Valid but probably unintended values; reported, never fatal."""
+    out = []
+    intra = data["fabric"]["intra_node"]
+    if intra["type"] in ("nvlink", "nvswitch") and intra["bandwidth_gbps"] < _NVLINK_FLOOR_GBPS:
+        path = ("fabric", "intra_node", "bandwidth_gbps")
+        out.append(
+            f"{doc.source}:{doc.line_of(path)}: {format_path(path)}: {intra['bandwidth_gbps']:g} Gb/s "
+            f"({intra['bandwidth_gbps'] / 8:g} GB/s) is far below any NVLink generation; bandwidth_gbps is in "
+            f"gigabits per second (NVLink4 is 3600)"
+        )
+    return out
 
 
 def _check_schema(doc: _Document, data: Any) -> None:

@@ -69,6 +69,7 @@ class Topology:
     default_backend: str = "nccl"
     source: Optional[str] = None            # YAML path, None when built in code
     is_default: bool = False                # True when derived from the world size alone
+    warnings: list[str] = field(default_factory=list)   # plausible but suspicious inputs
     _rank_node: dict[int, int] = field(default_factory=dict, repr=False)
     _rank_local: dict[int, int] = field(default_factory=dict, repr=False)
 
@@ -147,6 +148,7 @@ class Topology:
             "name": self.name,
             "source": self.source,
             "is_default": self.is_default,
+            "warnings": list(self.warnings),
             "default_backend": self.default_backend,
             "world_size": self.world_size,
             "node_count": self.node_count,
