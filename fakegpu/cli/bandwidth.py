@@ -516,7 +516,7 @@ def format_table(sweep: Sweep, world_size: int, rows: Sequence[dict], header: st
              f"{'time':>8} {'algbw':>7} {'busbw':>7} {'#wrong':>7}",
              f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} "
              f"{'(us)':>8} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}  "
-             f"{'(us)':>8} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"]
+             f"{'(us)':>8} {'(GB/s)':>7} {'(GB/s)':>7}"]
     busbws = []
     for row in rows:
         cells = []
