@@ -156,6 +156,10 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         raise ValueError(f"invalid count {count} / element size {elem_size}")
     for r in members:
         topology.node_of(r)  # raises a clear error for a rank the topology does not place
+    if kind in ("Broadcast", "Reduce", "Gather", "Scatter", "SendRecv") and not 0 <= root < n:
+        raise ValueError(f"{kind} needs a root/sender rank in 0..{n - 1}, got {root}")
+    if kind == "SendRecv" and not 0 <= peer < n:
+        raise ValueError(f"SendRecv needs a receiver rank in 0..{n - 1}, got {peer}")
     size = logical_bytes(kind, count, elem_size, n)
     plans = _plans(kind, count * elem_size, members, root, peer, topology)
     if not plans or count == 0:

@@ -206,6 +206,10 @@ def test_errors():
         estimate("AllReduce", 10, 4, [0, 7], -1, -1, topo)
     with pytest.raises(ValueError, match="at least one rank"):
         estimate("AllReduce", 10, 4, [], -1, -1, topo)
+    with pytest.raises(ValueError, match="Broadcast needs a root"):
+        estimate("Broadcast", 10, 4, [0, 1], -1, -1, topo)
+    with pytest.raises(ValueError, match="receiver rank in 0..1, got 2"):
+        estimate("SendRecv", 10, 4, [0, 1], 0, 2, topo)
 
 
 # -- calibration against REFERENCE.md section 7 ----------------------------------------------
