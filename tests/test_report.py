@@ -155,6 +155,12 @@ def test_failed_operations_count_as_timeouts_not_calls(topo):
     assert [r["timeouts"] for r in d["ranks"]] == [1, 1, 1, 1]
     assert [r["errors"] for r in d["ranks"]] == [1, 1, 1, 1]
     assert d["links"]["inter_node"]["bytes"] == 0
+    # rank 3 never joined a collective the others timed out on
+    rep.op_completed(op(WORLD, "AllGather", 16, ranks=[0, 1, 2], status="timeout", seq=5))
+    d = rep.to_dict()
+    assert check_report(d) == []
+    assert [r["absences"] for r in d["ranks"]] == [0, 0, 0, 1]
+    assert [r["timeouts"] for r in d["ranks"]] == [2, 2, 2, 1]
 
 
 def test_unplaced_rank_does_not_break_the_report(topo):

@@ -94,6 +94,7 @@ class _RankStats:
     wait_s: float = 0.0
     timeouts: int = 0
     errors: int = 0
+    absences: int = 0                  # failed collectives this rank never joined
     comm_inits: int = 0
     init_wait_s: float = 0.0
     collective_calls: int = 0
@@ -294,6 +295,12 @@ class ClusterReport:
         if not ok:
             stats.errors += 1
             comm.errors += 1
+            if kind != "SendRecv" and op.ranks:
+                # Members that never joined: whom the others were waiting for.
+                joined = set(participants)
+                for g in members:
+                    if g not in joined:
+                        self._rank(g).absences += 1
         else:
             assert est is not None
             stats.calls += 1
@@ -466,6 +473,7 @@ class ClusterReport:
                 "wait_s": r.wait_s,
                 "timeouts": r.timeouts,
                 "errors": r.errors,
+                "absences": r.absences,
                 "comm_inits": r.comm_inits,
                 "init_wait_s": r.init_wait_s,
                 "collective_calls": r.collective_calls,

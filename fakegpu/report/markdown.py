@@ -116,13 +116,13 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Ranks", ""]
     lines += table(
         ("Rank", "Node", "GPU", "Host / pid", "Collectives", "Sends / recvs", "Sent", "Received", "Wait",
-         "Timeouts", "Errors", "Comm inits", "Modeled busy"),
+         "Timeouts", "Errors", "Absent", "Comm inits", "Modeled busy"),
         (
             (r["rank"], r["node"] or "?", r["gpu_profile"] or "?",
              f"{r['hostname'] or '-'} / {r['pid'] if r['pid'] is not None else '-'}",
              r["collective_calls"], f"{r['p2p_sends']} / {r['p2p_recvs']}", fmt_bytes(r["bytes_sent"]),
              fmt_bytes(r["bytes_received"]), fmt_seconds(r["wait_s"]), r["timeouts"], r["errors"],
-             r["comm_inits"], fmt_seconds(r["modeled_busy_s"]))
+             r["absences"], r["comm_inits"], fmt_seconds(r["modeled_busy_s"]))
             for r in report["ranks"]
         ),
     )

@@ -182,6 +182,7 @@ REPORT_SCHEMA = {
             "wait_s": _NUM,
             "timeouts": _INT,
             "errors": _INT,
+            "absences": _INT,
             "comm_inits": _INT,
             "init_wait_s": _NUM,
             "collective_calls": _INT,
