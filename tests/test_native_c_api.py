@@ -107,6 +107,14 @@ def test_c_api_init_all(c_api_test, start_coordinator, extra_env):
     assert "init-all 4: OK" in proc.stdout
 
 
+def test_c_api_fork_child_gets_its_own_connection(c_api_test, start_coordinator):
+    coordinator = start_coordinator("unix")
+    env = dict(os.environ, **coordinator.client_env)
+    proc = subprocess.run([str(c_api_test), "--fork", "3"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + coordinator.log()
+    assert "init-all 3: OK" in proc.stdout
+
+
 def _init_failure(c_api_test, env_overrides, timeout_s=30):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
     env.update(env_overrides)

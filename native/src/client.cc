@@ -31,7 +31,9 @@ constexpr int kDefaultTimeoutMs = 300000;
 
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 Client* g_client = nullptr;
-pid_t g_client_pid = 0;
+// Lock-free read of g_client for the per-call path. Fork is handled by the atfork child
+// handler (which resets both), so no getpid() syscall per call is needed.
+std::atomic<Client*> g_client_fast{nullptr};
 
 void atfork_child() {
   // The child must not share the parent's stream or staging segment: drop them here and
@@ -40,6 +42,7 @@ void atfork_child() {
   g_mu = PTHREAD_MUTEX_INITIALIZER;
   if (g_client) g_client->abandon_after_fork();
   g_client = nullptr;
+  g_client_fast.store(nullptr);
 }
 
 std::string hostname() {
@@ -64,20 +67,24 @@ std::string read_token() {
 // ---- opening the connection ---------------------------------------------------------------
 
 ncclResult_t Client::get(Client** out) {
+  Client* fast = g_client_fast.load(std::memory_order_acquire);
+  if (fast) {
+    *out = fast;
+    return ncclSuccess;
+  }
   static bool atfork_registered = [] {
     pthread_atfork(nullptr, nullptr, atfork_child);
     return true;
   }();
   (void)atfork_registered;
   pthread_mutex_lock(&g_mu);
-  if (g_client && g_client_pid != getpid()) g_client = nullptr;  // belt and braces for fork
   ncclResult_t rc = ncclSuccess;
   if (!g_client) {
     Client* c = nullptr;
     rc = connect_new(&c);
     if (rc == ncclSuccess) {
       g_client = c;
-      g_client_pid = getpid();
+      g_client_fast.store(c, std::memory_order_release);
     }
   }
   *out = g_client;

@@ -3,6 +3,7 @@
  *
  *   RANK=r WORLD_SIZE=n c_api_test UNIQUE_ID_FILE      one rank of an n-rank job
  *   c_api_test --init-all N                            one process holding N ranks
+ *   c_api_test --fork N                                the same, plus a forked child doing it too
  *
  * Rank 0 writes the unique id to UNIQUE_ID_FILE (atomically), the others wait for it.
  * Every result is checked against a value computed here; the program prints
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nccl.h"
@@ -210,6 +212,21 @@ static void test_sendrecv(ncclComm_t comm, int rank, int n) {
   int bad = 0;
   for (int i = 0; i < 8; i++) bad += in[i] != (float)(prev * 10 + i);
   EXPECT(bad == 0, "ring sendrecv: %d wrong", bad);
+  /* a large ring exchange: with a small FAKEGPU_STAGING_CHUNK_BYTES the group spans several
+     frames, and each rank's Recv waits on a Send that sits in its peer's group */
+  size_t big = 50000;
+  int32_t* bo = malloc(big * sizeof(int32_t));
+  int32_t* bi = malloc(big * sizeof(int32_t));
+  for (size_t i = 0; i < big; i++) bo[i] = rank * 1000003 + (int32_t)i, bi[i] = -1;
+  CHECK_NCCL(ncclGroupStart());
+  CHECK_NCCL(ncclRecv(bi, big, ncclInt32, prev, comm, NULL));
+  CHECK_NCCL(ncclSend(bo, big, ncclInt32, next, comm, NULL));
+  CHECK_NCCL(ncclGroupEnd());
+  bad = 0;
+  for (size_t i = 0; i < big; i++) bad += bi[i] != prev * 1000003 + (int32_t)i;
+  EXPECT(bad == 0, "large ring sendrecv: %d wrong", bad);
+  free(bo);
+  free(bi);
   /* only ranks 0 and 1 talk; the others do nothing */
   if (n >= 2 && rank < 2) {
     int32_t v = 1000 + rank, w = -1;
@@ -348,12 +365,8 @@ static void run_rank_tests(ncclComm_t comm, int rank, int n) {
   CHECK_NCCL(ncclMemFree(mem));
 }
 
-static int init_all_mode(int n) {
-  g_rank = 0;
-  ncclComm_t* comms = calloc(n, sizeof(ncclComm_t));
-  CHECK_NCCL(ncclCommInitAll(comms, n, NULL));
-  float* x = calloc(n, sizeof(float));
-  float* y = calloc(n, sizeof(float));
+static void group_allreduce(ncclComm_t* comms, int n, float* x, float* y) {
+  memset(y, 0, n * sizeof(float));
   CHECK_NCCL(ncclGroupStart());
   for (int r = 0; r < n; r++) {
     x[r] = (float)(r + 1);
@@ -361,6 +374,32 @@ static int init_all_mode(int n) {
   }
   CHECK_NCCL(ncclGroupEnd());
   for (int r = 0; r < n; r++) EXPECT(y[r] == (float)(n * (n + 1) / 2), "init-all allreduce member %d: %g", r, y[r]);
+}
+
+static int init_all_mode(int n, int fork_child) {
+  g_rank = 0;
+  ncclComm_t* comms = calloc(n, sizeof(ncclComm_t));
+  CHECK_NCCL(ncclCommInitAll(comms, n, NULL));
+  float* x = calloc(n, sizeof(float));
+  float* y = calloc(n, sizeof(float));
+  group_allreduce(comms, n, x, y);
+  if (fork_child) {
+    /* A forked child opens its own connection; the parent's keeps working. */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      g_rank = 1000;
+      ncclComm_t* mine = calloc(n, sizeof(ncclComm_t));
+      CHECK_NCCL(ncclCommInitAll(mine, n, NULL));
+      group_allreduce(mine, n, x, y);
+      for (int r = 0; r < n; r++) CHECK_NCCL(ncclCommDestroy(mine[r]));
+      _exit(g_failures ? 1 : 0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child failed (status 0x%x)", status);
+    group_allreduce(comms, n, x, y);
+  }
   for (int r = 0; r < n; r++) {
     int me;
     CHECK_NCCL(ncclCommUserRank(comms[r], &me));
@@ -376,7 +415,8 @@ static int init_all_mode(int n) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3 && strcmp(argv[1], "--init-all") == 0) return init_all_mode(atoi(argv[2]));
+  if (argc == 3 && strcmp(argv[1], "--init-all") == 0) return init_all_mode(atoi(argv[2]), 0);
+  if (argc == 3 && strcmp(argv[1], "--fork") == 0) return init_all_mode(atoi(argv[2]), 1);
   if (argc != 2) {
     fprintf(stderr, "usage: RANK=r WORLD_SIZE=n %s UNIQUE_ID_FILE | %s --init-all N\n", argv[0], argv[0]);
     return 2;

@@ -28,8 +28,10 @@ NCCL_API(const char*, ncclGetErrorString, ncclResult_t result) {
 }
 
 NCCL_API(const char*, ncclGetLastError, ncclComm_t comm) {
-  // A communicator's own failure (e.g. from a background init) wins; else the process's.
-  if (comm && comm->magic == kCommMagic) {
+  // A broken communicator explains itself (e.g. a failure in its background init, seen by
+  // the thread polling ncclCommGetAsyncError); otherwise the process's latest error.
+  int async = comm && comm->magic == kCommMagic ? comm->async_error.load() : ncclSuccess;
+  if (async != ncclSuccess && async != ncclInProgress) {
     std::lock_guard<std::mutex> lk(comm->mu);
     if (!comm->last_error.empty()) {
       thread_local std::string copy;
