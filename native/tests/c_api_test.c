@@ -10,6 +10,7 @@
  * "c_api_test rank R: OK" and exits 0 only when all checks pass.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,8 +76,8 @@ static void read_id(const char* path, ncclUniqueId* id) {
 static float val(int r, size_t i) { return (float)((r + 1) * 100 + (int)(i % 97)); }
 
 static void test_allreduce(ncclComm_t comm, int rank, int n, size_t count, int in_place) {
-  float* send = malloc(count * sizeof(float) + 4);
-  float* recv = in_place ? send : malloc(count * sizeof(float) + 4);
+  float* send = calloc(count + 1, sizeof(float));
+  float* recv = in_place ? send : calloc(count + 1, sizeof(float));
   for (size_t i = 0; i < count; i++) send[i] = val(rank, i);
   CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL));
   size_t bad = 0;
@@ -330,6 +331,68 @@ static void test_simulate(ncclComm_t comm) {
   EXPECT(info.estimatedTime >= 0, "simulate estimate %g", info.estimatedTime);
   unsigned char* yb = (unsigned char*)y;
   EXPECT(yb[0] == 0x7f, "simulated group must not run");
+  /* an older, smaller simInfo: the estimate lies past its size and must stay untouched */
+  ncclSimInfo_t old_info = NCCL_SIM_INFO_INITIALIZER;
+  old_info.size = offsetof(ncclSimInfo_t, estimatedTime);
+  old_info.estimatedTime = -42.0f;
+  CHECK_NCCL(ncclGroupStart());
+  CHECK_NCCL(ncclAllReduce(x, y, 256, ncclFloat32, ncclSum, comm, NULL));
+  CHECK_NCCL(ncclGroupSimulateEnd(&old_info));
+  EXPECT(old_info.estimatedTime == -42.0f, "simInfo written past its size");
+}
+
+/* Callers built against other NCCL versions pass smaller or larger config structs. */
+static void test_config_sizes(ncclComm_t comm, int rank, int n) {
+  /* larger: ours followed by fields a newer NCCL appended */
+  struct {
+    ncclConfig_t cfg;
+    int newer[5];
+  } large;
+  ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
+  large.cfg = init;
+  large.cfg.size = sizeof(large);
+  large.cfg.blocking = 1;
+  large.cfg.commName = "large-config";
+  for (int i = 0; i < 5; i++) large.newer[i] = 12345;
+  ncclComm_t c = NULL;
+  CHECK_NCCL(ncclCommSplit(comm, 0, rank, &c, &large.cfg));
+  int cnt = 0;
+  CHECK_NCCL(ncclCommCount(c, &cnt));
+  EXPECT(cnt == n, "split with a larger config has %d ranks", cnt);
+  CHECK_NCCL(ncclCommDestroy(c));
+
+  /* smaller: an old struct that ends after `blocking`; what follows is garbage */
+  unsigned char small[64];
+  memset(small, 0xAB, sizeof(small));
+  ncclConfig_t* sc = (ncclConfig_t*)small;
+  sc->size = offsetof(ncclConfig_t, cgaClusterSize);
+  sc->magic = NCCL_API_MAGIC;
+  sc->version = 21400;
+  sc->blocking = 1;
+  CHECK_NCCL(ncclCommSplit(comm, 0, rank, &c, sc));
+  CHECK_NCCL(ncclCommCount(c, &cnt));
+  EXPECT(cnt == n, "split with a smaller config has %d ranks", cnt);
+  CHECK_NCCL(ncclCommDestroy(c));
+
+  /* not initialised with NCCL_CONFIG_INITIALIZER: refused before any communication */
+  ncclConfig_t bad = init;
+  bad.magic = 0;
+  EXPECT(ncclCommSplit(comm, 0, rank, &c, &bad) == ncclInvalidArgument, "config without magic accepted");
+
+  /* ncclCommInitRankScalable with an id every rank derives from the same source */
+  ncclUniqueId ids[2];
+  memset(ids, 0, sizeof(ids));
+  snprintf(ids[0].internal, sizeof(ids[0].internal), "c_api_test-scalable");
+  /* unique per job: rank 0's parent pid, broadcast so every rank builds the same id */
+  int32_t tag = (int32_t)getppid(), tag0 = 0;
+  CHECK_NCCL(ncclBroadcast(&tag, &tag0, 1, ncclInt32, 0, comm, NULL));
+  memcpy(ids[0].internal + 100, &tag0, sizeof(tag0));
+  ids[1] = ids[0];
+  CHECK_NCCL(ncclCommInitRankScalable(&c, n, rank, 2, ids, NULL));
+  float one = 1, total = 0;
+  CHECK_NCCL(ncclAllReduce(&one, &total, 1, ncclFloat32, ncclSum, c, NULL));
+  EXPECT(total == (float)n, "allreduce on a scalable-init comm: %g", total);
+  CHECK_NCCL(ncclCommDestroy(c));
 }
 
 static void run_rank_tests(ncclComm_t comm, int rank, int n) {
@@ -355,6 +418,7 @@ static void run_rank_tests(ncclComm_t comm, int rank, int n) {
   test_group_of_many(comm, rank, n);
   test_errors(comm, rank, n);
   test_split(comm, rank, n);
+  if (!getenv("C_API_TEST_NONBLOCKING")) test_config_sizes(comm, rank, n);
   test_simulate(comm);
   void* mem = NULL;
   CHECK_NCCL(ncclMemAlloc(&mem, 12345));
