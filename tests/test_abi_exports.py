@@ -105,3 +105,37 @@ def test_get_version_reports_2_30_7(library):
         version = ctypes.c_int(0)
         assert getattr(lib, name)(ctypes.byref(version)) == 0
         assert version.value == 23007
+
+
+@pytest.mark.parametrize("header", ["fakegpu", "nvidia"])
+def test_program_built_against_a_header_links_and_runs_with_the_shim(header, library, tmp_path):
+    """A C program taking the address of every function its nccl.h declares links against the
+    shim with no undefined symbol and runs: the drop-in claim, checked by the real linker."""
+    if ncclh.compiler("c") is None:
+        pytest.skip("no C compiler on PATH")
+    if header == "nvidia":
+        include = ncclh.real_nccl_include()
+        if include is None:
+            pytest.skip("NVIDIA's nccl.h not found: `pip install nvidia-nccl-cu13==2.30.7`")
+        include_dirs = [include, ncclh.cuda_toolkit_include() or ncclh.CUDA_STUB_INCLUDE]
+    else:
+        include = ncclh.OUR_INCLUDE
+        include_dirs = [include]
+    functions = sorted(ncclh.function_declarations((include / "nccl.h").read_text()))
+    source = tmp_path / "link_all.c"
+    source.write_text(
+        "#define NCCL_OS_LINUX 1\n#include <nccl.h>\n#include <stdio.h>\n"
+        "static void (*const everything[])(void) = {\n"
+        + "".join(f"  (void (*)(void)){name},\n" for name in functions)
+        + "};\n"
+        "int main(void) {\n"
+        "  int version = 0;\n"
+        "  if (ncclGetVersion(&version) != ncclSuccess) return 1;\n"
+        "  printf(\"%d %zu %s\\n\", version, sizeof everything / sizeof everything[0],\n"
+        "         ncclGetErrorString(ncclInvalidUsage) ? \"ok\" : \"null\");\n"
+        "  return 0;\n"
+        "}\n")
+    ncclh.compile_program("c", source, tmp_path / "link_all", include_dirs,
+                          ["-Wno-deprecated-declarations", "-Wno-cast-function-type"],
+                          [f"-L{library.parent}", f"-l:{library.name}", f"-Wl,-rpath,{library.parent}"])
+    assert ncclh.run_program(tmp_path / "link_all").split() == ["23007", str(len(functions)), "ok"]

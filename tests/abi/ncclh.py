@@ -80,13 +80,13 @@ def compiler(language: str) -> str | None:
 
 
 def compile_program(language: str, source: Path, output: Path, include_dirs: list[Path],
-                    extra_flags: list[str] = ()) -> None:
+                    extra_flags: list[str] = (), link_flags: list[str] = ()) -> None:
     """Compile and link one source file; raise AssertionError with the compiler's output."""
     driver = compiler(language)
     assert driver, f"no {language} compiler found"
     lang_flags = ["-x", "c", "-std=c11"] if language == "c" else ["-x", "c++", "-std=c++17"]
     cmd = [driver, *lang_flags, "-Wall", "-Wextra", *extra_flags,
-           *[f"-I{d}" for d in include_dirs], str(source), "-o", str(output)]
+           *[f"-I{d}" for d in include_dirs], str(source), "-o", str(output), *link_flags]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"compile failed: {' '.join(cmd)}\n{result.stdout}{result.stderr}"
 
