@@ -577,6 +577,29 @@ class FrameParser:
             self._direct_frame = None
         return pos
 
+    # Zero-copy receive (asyncio.BufferedProtocol): while a GROUP payload is being routed,
+    # the transport may recv_into the destination itself.
+    def direct_buffer(self) -> Optional[memoryview]:
+        """The unfilled rest of the current payload destination, or None."""
+        if self._targets is None:
+            return None
+        t = self._targets[self._target_idx]
+        return t[self._target_pos:]
+
+    def direct_filled(self, nbytes: int) -> list:
+        """``nbytes`` were written into ``direct_buffer()``; returns the frames completed."""
+        frames: list = []
+        self._target_pos += nbytes
+        t = self._targets[self._target_idx]
+        if self._target_pos >= len(t):
+            self._target_idx += 1
+            self._target_pos = 0
+            if self._target_idx >= len(self._targets):
+                frames.append(self._direct_frame)
+                self._targets = None
+                self._direct_frame = None
+        return frames
+
     def feed(self, data) -> list:
         frames: list = []
         if self._targets is not None:

@@ -245,6 +245,27 @@ def test_parser_routes_group_payload_into_targets():
         assert bytes(staging[16:24]) == payload[:8] and bytes(staging[0:8]) == payload[8:]
 
 
+def test_parser_zero_copy_receive_into_targets():
+    """The BufferedProtocol path: recv_into the destination the parser exposes."""
+    ops = tuple(P.OpDesc(comm_handle=1, kind=P.KIND_ALLREDUCE, datatype=7, total_count=1,
+                         step_count=1, in_offset=off, in_len=4, out_offset=0, out_len=4) for off in (4, 0))
+    raw = P.encode_frame(P.Group(ops=ops, payload=b"abcdWXYZ"), 3)
+    staging = bytearray(8)
+    mv = memoryview(staging)
+    parser = P.FrameParser(1 << 20, payload_router=lambda prefix, n: [mv[o:o + k] for o, k in
+                                                                      P.group_payload_layout(prefix, n, 8)])
+    header_and_descs = len(raw) - 8
+    assert parser.feed(raw[:header_and_descs]) == []
+    frames = []
+    pos = header_and_descs
+    while (target := parser.direct_buffer()) is not None:
+        take = min(3, len(target))           # a short read
+        target[:take] = raw[pos:pos + take]
+        pos += take
+        frames += parser.direct_filled(take)
+    assert [f.msg_type for f in frames] == [P.GROUP] and bytes(staging) == b"WXYZabcd"
+
+
 @pytest.mark.parametrize("raw, expected", [
     (b"XGPU" + struct.pack("<HHII", 1, 30, 0, 0), "bad magic"),
     (b"FGPU" + struct.pack("<HHII", 2, 30, 0, 0), "unsupported protocol version 2"),

@@ -72,8 +72,14 @@ def map_shm_segment(name: str, S: int):
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-class Connection(asyncio.Protocol):
-    __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing")
+class Connection(asyncio.BufferedProtocol):
+    """One client connection. As a BufferedProtocol it lets the event loop ``recv_into``
+    our buffers: a scratch buffer for frame headers and small bodies, and, while a
+    socket-staged GROUP payload is arriving, the staging region itself (no copy)."""
+
+    __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing", "scratch",
+                 "scratch_mv", "direct")
+    SCRATCH_BYTES = 256 * 1024
 
     def __init__(self, server: "CoordinatorServer"):
         self.server = server
@@ -84,6 +90,9 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.parser = P.FrameParser(P.PRE_HELLO_MAX_BODY, accepted_types=P.CLIENT_TO_SERVER,
                                     payload_router=self._route_payload)
+        self.scratch = bytearray(self.SCRATCH_BYTES)
+        self.scratch_mv = memoryview(self.scratch)
+        self.direct = False
 
     # -- asyncio callbacks
     def connection_made(self, transport) -> None:
@@ -96,7 +105,33 @@ class Connection(asyncio.Protocol):
             self.peer = f"unix connection {self.id}"
         self.server.conns[self.id] = self
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int):
+        target = self.parser.direct_buffer()
+        if target is not None and len(target):
+            self.direct = True
+            return target
+        self.direct = False
+        return self.scratch_mv
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.closing:
+            return
+        if self.direct:
+            self._dispatch(self.parser.direct_filled(nbytes))
+        else:
+            self.data_received(self.scratch_mv[:nbytes])
+
+    def pause_writing(self) -> None:
+        # The client is not reading its answers: stop reading its requests, so the
+        # memory this connection holds stays bounded.
+        if self.transport is not None and not self.closing:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    def data_received(self, data) -> None:
         if self.closing:
             return
         try:
@@ -104,6 +139,9 @@ class Connection(asyncio.Protocol):
         except P.ProtocolError as exc:
             self.close(f"protocol error: {exc}")
             return
+        self._dispatch(frames)
+
+    def _dispatch(self, frames: list) -> None:
         core = self.core
         apply = self.server.apply
         for frame in frames:
@@ -198,7 +236,8 @@ class CoordinatorServer:
     # -- listening
     async def start(self) -> str:
         loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+        if self._stop is None:
+            self._stop = asyncio.Event()
         if self.transport_name == "unix":
             path = self._prepare_unix_path(self.address)
             try:
@@ -253,14 +292,20 @@ class CoordinatorServer:
                 probe.close()
         return path
 
-    async def serve(self) -> str:
-        """Serve until SHUTDOWN or a signal; returns why it stopped."""
+    def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._stop is None:
+            self._stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
+
+    async def serve(self) -> str:
+        """Serve until SHUTDOWN or a signal; returns why it stopped."""
+        loop = asyncio.get_running_loop()
+        self.install_signal_handlers()
         ticker = loop.create_task(self._tick_loop())
         reporter = loop.create_task(self._report_loop()) if self.report_interval_s else None
         try:
@@ -321,6 +366,7 @@ async def run_server(core: C.Core, *, transport: str, address: str, on_listening
                      report_interval_s: Optional[float] = None) -> str:
     server = CoordinatorServer(core, transport=transport, address=address, write_reports=write_reports,
                                report_interval_s=report_interval_s)
+    server.install_signal_handlers()  # before announcing: a SIGTERM right after must still write reports
     addr = await server.start()
     on_listening(addr)
     try:
