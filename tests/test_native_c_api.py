@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -156,3 +157,74 @@ def test_other_modes_are_refused_with_a_message(c_api_test, mode):
     assert proc.returncode != 0
     assert f"FAKEGPU_DIST_MODE={mode}" in proc.stderr
     assert "invalid usage" in proc.stderr
+
+
+class _MuteServer:
+    """A Unix socket that accepts connections and then either never answers or hangs up."""
+
+    def __init__(self, path: Path, hang_up: bool):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        self.hang_up = hang_up
+        self.conns = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.hang_up:
+                conn.recv(65536)
+                conn.close()
+            else:
+                self.conns.append(conn)  # read nothing, answer nothing
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("hang_up", [False, True], ids=["mute", "hangs-up"])
+def test_unresponsive_coordinator_is_an_error_not_a_hang(c_api_test, tmp_path, hang_up):
+    path = tmp_path / "mute.sock"
+    server = _MuteServer(path, hang_up)
+    try:
+        proc, elapsed = _init_failure(c_api_test, {
+            "FAKEGPU_COORDINATOR_ADDR": str(path),
+            "FAKEGPU_COORDINATOR_TIMEOUT_MS": "300",
+            "FAKEGPU_CLIENT_WAIT_MARGIN_MS": "300",
+        })
+    finally:
+        server.close()
+    assert proc.returncode != 0
+    assert "unhandled system error" in proc.stderr
+    if hang_up:
+        assert "closed the connection" in proc.stderr
+    else:
+        assert "no answer from the coordinator" in proc.stderr
+    assert elapsed < 10
+
+
+def test_coordinator_death_wakes_a_waiting_rank(c_api_test, start_coordinator, tmp_path):
+    coordinator = start_coordinator("unix")
+    env = dict(os.environ, **coordinator.client_env, RANK="0", WORLD_SIZE="2")
+    # Rank 1 never comes: rank 0 waits in ncclCommInitRank until the coordinator goes away.
+    proc = subprocess.Popen([str(c_api_test), str(tmp_path / "uid")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert proc.poll() is None, "rank 0 should still be waiting for rank 1"
+    coordinator.stop()
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("rank 0 kept waiting after the coordinator died")
+    assert proc.returncode != 0
+    assert "ncclCommInitRank" in err and "fakegpu" in err
+    assert time.monotonic() - t0 < 10

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <fstream>
 
@@ -25,7 +26,16 @@ constexpr uint64_t kDefaultStagingBytes = 32ull << 20;
 constexpr uint64_t kMinStagingBytes = 4096;
 // Extra time a client waits beyond the coordinator's own timeout before it declares the
 // coordinator unresponsive: the coordinator answers timeouts itself, this is the backstop.
+// FAKEGPU_CLIENT_WAIT_MARGIN_MS overrides it (tests use a short one).
 constexpr int kWaitMarginMs = 30000;
+
+int wait_margin_ms() {
+  static const int v = [] {
+    long long x = env::integer("FAKEGPU_CLIENT_WAIT_MARGIN_MS", kWaitMarginMs);
+    return x < 0 ? kWaitMarginMs : static_cast<int>(x > INT32_MAX / 2 ? INT32_MAX / 2 : x);
+  }();
+  return v;
+}
 // Used until HELLO_OK tells us the coordinator's timeout.
 constexpr int kDefaultTimeoutMs = 300000;
 
@@ -220,7 +230,7 @@ ncclResult_t Client::hello() {
 }
 
 int Client::wait_timeout_ms() const {
-  uint64_t t = static_cast<uint64_t>(timeout_ms_) + kWaitMarginMs;
+  uint64_t t = static_cast<uint64_t>(timeout_ms_) + wait_margin_ms();
   return t > INT32_MAX ? INT32_MAX : static_cast<int>(t);
 }
 
@@ -478,7 +488,7 @@ ncclResult_t Client::wait(Pending* p) {
     return failf(ncclSystemError,
                  "fakegpu: no answer from the coordinator at %s within %d ms (its timeout_ms %u plus a %d ms "
                  "margin); the coordinator is stuck or overloaded",
-                 address_.c_str(), wait_timeout_ms(), timeout_ms_, kWaitMarginMs);
+                 address_.c_str(), wait_timeout_ms(), timeout_ms_, wait_margin_ms());
   if (p->fail != ncclSuccess) return fail(p->fail, p->fail_msg);
   return ncclSuccess;
 }
