@@ -477,9 +477,14 @@ def rank_environment(cfg: LaunchConfig, endpoint: Optional[Endpoint], token_file
 # The coordinator process
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: own session (a terminal Ctrl-C must not stop the coordinator before the ranks
-    finish; fgpu stops it) and SIGTERM when fgpu dies, so a killed fgpu leaves no orphan."""
+def _own_session() -> None:
+    """preexec_fn: own session, so a terminal Ctrl-C cannot stop the coordinator before the
+    ranks finish (fgpu stops it once the command has exited)."""
+    os.setsid()
+
+
+def _own_session_and_die_with_parent() -> None:
+    """preexec_fn: as `_own_session`, plus SIGTERM when fgpu dies, so a killed fgpu leaves no orphan."""
     os.setsid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -512,29 +517,68 @@ class CoordinatorProcess:
     """A `python -m fakegpu coordinator` that we started and must stop."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str], transport: str,
-                 echo: Optional[Callable[[str], None]] = None):
+                 echo: Optional[Callable[[str], None]] = None, log_path: Optional[Path] = None):
+        """With `log_path` the coordinator writes its output to that file instead of a pipe to
+        us, and does not die with us: it may outlive fgpu (--keep-coordinator)."""
         self.argv = argv
         self.transport = transport
         self.address: Optional[str] = None
+        self.log_path = log_path
         self._tail: collections.deque[str] = collections.deque(maxlen=60)
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._echo = echo
-        self.proc = subprocess.Popen(
-            argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-            preexec_fn=_die_with_parent, close_fds=True)
-        self._reader = threading.Thread(target=self._read_output, name="fgpu-coordinator-log", daemon=True)
+        self._stop_reading = threading.Event()
+        if log_path is None:
+            self.proc = subprocess.Popen(
+                argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                preexec_fn=_own_session_and_die_with_parent, close_fds=True)
+            target = self._read_pipe
+        else:
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_own_session, close_fds=True)
+            target = self._read_log
+        self._reader = threading.Thread(target=target, name="fgpu-coordinator-log", daemon=True)
         self._reader.start()
 
-    def _read_output(self) -> None:
+    def _take(self, line: str) -> None:
+        line = line.rstrip("\n")
+        self._tail.append(line)
+        if self._echo is not None:
+            self._echo(line)
+        self._lines.put(line)
+
+    def _read_pipe(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self._tail.append(line)
-            if self._echo is not None:
-                self._echo(line)
-            self._lines.put(line)
+            self._take(line)
         self._lines.put(None)
+
+    def _read_log(self) -> None:
+        assert self.log_path is not None
+        with open(self.log_path, "r", errors="replace") as log:
+            partial = ""
+            while not self._stop_reading.is_set():
+                chunk = log.readline()
+                if chunk:
+                    partial += chunk
+                    if partial.endswith("\n"):
+                        self._take(partial)
+                        partial = ""
+                    continue
+                if self.proc.poll() is not None:
+                    rest = log.read()
+                    for line in (partial + rest).splitlines():
+                        self._take(line)
+                    break
+                time.sleep(0.05)
+        self._lines.put(None)
+
+    def detach(self) -> None:
+        """Stop following the output of a coordinator that is left running."""
+        self._stop_reading.set()
 
     def output_tail(self) -> str:
         return "\n".join(self._tail)
@@ -607,7 +651,7 @@ def _address_from_ready_line(line: str) -> str:
 
 def start_coordinator(cfg: LaunchConfig, transport: str, address: str, token_file: Optional[Path],
                       echo: Optional[Callable[[str], None]] = None,
-                      with_reports: bool = True) -> CoordinatorProcess:
+                      with_reports: bool = True, log_path: Optional[Path] = None) -> CoordinatorProcess:
     argv = coordinator_command()
     if transport == "unix":
         argv += ["--transport", "unix", "--address", address]
@@ -627,7 +671,7 @@ def start_coordinator(cfg: LaunchConfig, transport: str, address: str, token_fil
     if not with_reports:
         for var in ("FAKEGPU_CLUSTER_REPORT_PATH", "FAKEGPU_CLUSTER_REPORT_MARKDOWN_PATH", "FAKEGPU_TRACE_PATH"):
             env.pop(var, None)
-    coordinator = CoordinatorProcess(argv, env, transport, echo=echo)
+    coordinator = CoordinatorProcess(argv, env, transport, echo=echo, log_path=log_path)
     coordinator.wait_ready(cfg.startup_timeout_s)
     if transport == "unix" and not coordinator.address:
         coordinator.address = address
@@ -776,9 +820,11 @@ class PreparedLaunch:
     def close(self) -> Optional[int]:
         code = None
         if self.coordinator is not None:
-            if self.cfg.keep_coordinator:
-                log(f"coordinator left running at {self.endpoint.address} (pid {self.coordinator.proc.pid}); "
-                    f"stop it with: {sys.executable} -m fakegpu coordinator --shutdown {self.endpoint.address}"
+            if self.cfg.keep_coordinator and self.coordinator.running():
+                self.coordinator.detach()
+                log(f"coordinator left running at {self.endpoint.address} (pid {self.coordinator.proc.pid}, "
+                    f"log {self.coordinator.log_path}); stop it with: {sys.executable} -m fakegpu coordinator "
+                    f"--shutdown {self.endpoint.address}"
                     + (f" --token-file {self.token_file}" if self.token_file else ""))
                 return None
             code = self.coordinator.stop()
@@ -855,7 +901,13 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
             token_file = private_dir / "token"
             write_token_file(token_file)
 
-        coordinator = start_coordinator(cfg, cfg.transport, address, token_file, echo=echo)
+        log_path = None
+        if cfg.keep_coordinator:
+            # It outlives us: its output goes to a file, not to a pipe that closes when we exit.
+            if private_dir is None:
+                private_dir = _private_socket_dir()
+            log_path = private_dir / "coordinator.log"
+        coordinator = start_coordinator(cfg, cfg.transport, address, token_file, echo=echo, log_path=log_path)
         endpoint = Endpoint(cfg.transport, coordinator.address or address)
         return PreparedLaunch(cfg, endpoint, token_file, coordinator, private_dir)
     except BaseException:

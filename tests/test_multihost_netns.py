@@ -180,44 +180,12 @@ class NetnsCoordinator:
                 self.proc.wait(timeout=10)
 
 
-def _node_pair_bytes(report: dict, a: str, b: str) -> int:
-    """Total bytes the report attributes between nodes a and b, whatever the exact layout:
-    look for node-pair entries naming both nodes (by id or host) and sum their byte totals."""
-    total = 0
-
-    def names(entry) -> set:
-        found = set()
-        for value in entry.values():
-            if isinstance(value, str):
-                found.add(value)
-            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-                found.update(value)
-            elif isinstance(value, dict):
-                found.update(v for v in value.values() if isinstance(v, str))
-        return found
-
-    def walk(node, key=""):
-        nonlocal total
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, k)
-        elif isinstance(node, list):
-            for entry in node:
-                if "pair" in key and isinstance(entry, dict):
-                    tags = names(entry)
-                    if ({a, HOST_A} & tags) and ({b, HOST_B} & tags):
-                        for field in ("total_bytes", "bytes", "combined_bytes"):
-                            if isinstance(entry.get(field), (int, float)):
-                                total += entry[field]
-                                break
-                        else:
-                            totals = entry.get("total") or entry.get("combined") or {}
-                            if isinstance(totals, dict) and isinstance(totals.get("bytes"), (int, float)):
-                                total += totals["bytes"]
-                walk(entry, key)
-
-    walk(report)
-    return total
+def _node_pair(report: dict, a: str, b: str) -> dict:
+    """The report's node_pairs entry for nodes a and b."""
+    for pair in report["node_pairs"]:
+        if sorted(pair["nodes"]) == sorted([a, b]):
+            return pair
+    raise AssertionError(f"no node pair {a} <-> {b} in the report: {report['node_pairs']}")
 
 
 def test_two_hosts_allreduce_over_tcp(two_hosts, shim_library, tmp_path):
@@ -271,11 +239,21 @@ def test_two_hosts_allreduce_over_tcp(two_hosts, shim_library, tmp_path):
                                 "--expect-collective", "AllReduce"],
                                env=_env(shim_library), capture_output=True, text=True, timeout=120)
         assert check.returncode == 0, check.stdout + check.stderr
-    # 4 allreduces of 1 MiB between two single-rank nodes: each direction carries at least
-    # (n-1)/n of the payload per call in a ring, so well over 1 MiB crosses the pair in total.
-    pair_bytes = _node_pair_bytes(data, "host-a", "host-b")
-    assert pair_bytes >= 4 * (1 << 20), json.dumps(data, indent=1)[:4000]
-    assert HOST_A in markdown.read_text() or "host-a" in markdown.read_text()
+    # 4 allreduces of 1 MiB (2**18 float32) between two single-rank nodes: in a 2-rank ring each
+    # rank sends 2(n-1)/n = 1 times the payload per call, so each direction carries exactly 4 MiB.
+    payload = (1 << 18) * 4
+    pair = _node_pair(data, "host-a", "host-b")
+    assert sorted(pair["hosts"]) == sorted([HOST_A, HOST_B])
+    assert pair["directions"] == {"host-a->host-b": 4 * payload, "host-b->host-a": 4 * payload}
+    assert pair["by_operation"]["AllReduce"]["operations"] == 4
+    assert data["links"]["inter_node"]["bytes"] == 8 * payload
+    assert data["links"]["intra_node"]["bytes"] == 0
+    by_rank = {entry["rank"]: entry for entry in data["ranks"]}
+    assert by_rank[0]["node"] == "host-a" and by_rank[1]["node"] == "host-b"
+    assert {by_rank[r]["transport"] for r in (0, 1)} == {"tcp"}
+    assert data["totals"]["socket_bytes"] > 0  # TCP: payloads travel in the socket stream
+    text = markdown.read_text()
+    assert "host-a" in text and "host-b" in text
 
 
 def test_wrong_token_from_the_other_host_is_refused(two_hosts, shim_library, tmp_path):
@@ -324,10 +302,17 @@ def test_usage_doc_single_host_tcp_bandwidth(shim_library, tmp_path):
         env=_env(shim_library), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out_json.read_text())
-    text = json.dumps(result)
-    assert "algbw" in text or "bandwidth" in text
+    assert result["transport"] == "tcp" and result["world_size"] == 2
+    (row,) = result["rows"]
+    assert row["size"] == 4 << 20
+    for placement in ("out_of_place", "in_place"):
+        assert row[placement]["wrong"] == 0 and row[placement]["algbw"] > 0
     report = json.loads(cluster.read_text())
-    assert _node_pair_bytes(report, "node0", "node1") >= 0
+    assert report["topology"]["node_count"] == 2
+    pair = _node_pair(report, "node0", "node1")
+    # 2 warmup + 10 timed 4 MiB allreduces, out of place and in place, each direction 4 MiB per call.
+    assert pair["by_operation"]["AllReduce"]["operations"] >= 24
+    assert min(pair["directions"].values()) >= 24 * (4 << 20)
     if (REPO_ROOT / "fakegpu" / "cli" / "report.py").exists():
         check = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", str(cluster),
                                 "--expect-world-size", "2"],
