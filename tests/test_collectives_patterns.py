@@ -27,6 +27,7 @@ PLANS = {
         ("uneven_alltoall", {"dtype": int(DataType.bfloat16)}),
         ("argument_errors", {}),
         ("nonblocking_init", {}),
+        ("mem_alloc_buffers", {"count": 1000}),
     ],
     3: [
         ("split", {"nocolor_rank": 2}),
@@ -176,3 +177,9 @@ def test_comm_init_all(plan_runs):
     assert info["ranks"] == [0, 1, 2] and info["sizes"] == [3, 3, 3]
     for out in info["outs"]:
         assert np.array_equal(out, np.full(5, 6.0))
+
+
+def test_mem_alloc_buffers(plan_runs):
+    run = plan_runs(4)
+    for out in (got["out"] for got in run.all_ok(_index(4, "mem_alloc_buffers"))):
+        assert np.array_equal(out, np.arange(1000) * 10.0)

@@ -446,3 +446,22 @@ def staging_info(ctx: RankContext) -> dict:
                            else line.split()[-1]
                            for line in maps if "/dev/shm/" in line})
     return {"shm_segments": segments}
+
+
+@scenario
+def mem_alloc_buffers(ctx: RankContext, count: int = 1000) -> dict:
+    """Buffers from ncclMemAlloc work like any host buffer, and MemFree releases them."""
+    import ctypes
+
+    nbytes = count * 8
+    send_ptr, recv_ptr = ctx.nccl.mem_alloc(nbytes), ctx.nccl.mem_alloc(nbytes)
+    try:
+        send = np.ctypeslib.as_array((ctypes.c_double * count).from_address(send_ptr))
+        recv = np.ctypeslib.as_array((ctypes.c_double * count).from_address(recv_ptr))
+        send[:] = np.arange(count) * (ctx.rank + 1)
+        ctx.comm.all_reduce(send_ptr, recv_ptr, count, DataType.float64, RedOp.sum)
+        result = recv.copy()
+    finally:
+        ctx.nccl.mem_free(send_ptr)
+        ctx.nccl.mem_free(recv_ptr)
+    return {"out": result}
