@@ -13,7 +13,7 @@ from fakegpu.nccl import DataType, Result
 from helpers import data
 from helpers.coordinator import CoordinatorProcess
 from helpers.ranks import RankRunFailed, run_ranks
-from helpers.scenarios import expected_collective, group_plan, uneven_counts
+from helpers.scenarios import expected_collective, group_plan, per_rank_scalar, uneven_counts
 
 # (rank count, scenario list); tests refer to scenarios by (nranks, name).
 PLANS = {
@@ -28,7 +28,9 @@ PLANS = {
         ("argument_errors", {}),
         ("nonblocking_init", {}),
         ("mem_alloc_buffers", {"count": 1000}),
-    ],
+    ] + [("premul_per_rank", {"dtype": int(d), "device": dev, "kind": kind})
+         for d in DataType for dev in (False, True)
+         for kind in ("all_reduce", "reduce_scatter", "reduce")],
     3: [
         ("split", {"nocolor_rank": 2}),
         ("uneven_alltoall", {"dtype": int(DataType.int64)}),
@@ -183,3 +185,25 @@ def test_mem_alloc_buffers(plan_runs):
     run = plan_runs(4)
     for out in (got["out"] for got in run.all_ok(_index(4, "mem_alloc_buffers"))):
         assert np.array_equal(out, np.arange(1000) * 10.0)
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "reduce"])
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+@pytest.mark.parametrize("dtype", list(DataType), ids=lambda d: d.name)
+def test_premul_sum_with_a_different_scalar_per_rank(plan_runs, dtype, device, kind):
+    run = plan_runs(4)
+    n, count = 4, 53
+    got = run.all_ok(_index(4, "premul_per_rank", dtype=int(dtype), device=device, kind=kind))
+    sends = [data.make_input(900, r, dtype, count * (n if kind == "reduce_scatter" else 1))
+             for r in range(n)]
+    total = data.reduce_arrays(sends, dtype, "premul",
+                               scalar=[per_rank_scalar(dtype, r) for r in range(n)])
+    for rank in range(n):
+        if kind == "all_reduce":
+            expected = total
+        elif kind == "reduce_scatter":
+            expected = total[rank * count:(rank + 1) * count]
+        else:
+            expected = total if rank == n - 1 else data.sentinel(dtype, count)
+        out = got[rank]["out"]
+        assert data.same_bits(out, expected), f"rank {rank}: {data.describe_mismatch(out, expected)}"

@@ -80,16 +80,18 @@ def sentinel(dtype: DataType, count: int) -> np.ndarray:
 
 
 def reduce_arrays(arrays: Sequence[np.ndarray], dtype: DataType, reduction: str,
-                  scalar: Optional[float] = None) -> np.ndarray:
+                  scalar: Optional[float | Sequence[float]] = None) -> np.ndarray:
     """NCCL's reduction of the ranks' arrays (index = rank) under our documented numerics."""
     dtype = DataType(dtype)
     n = len(arrays)
     acc_dtype = accumulator_dtype(dtype)
     widened = [np.asarray(a).astype(acc_dtype) for a in arrays]
     if reduction.startswith("premul"):
-        factor = scalar if scalar is not None else premul_scalar(dtype)
-        factor_value = np.array([factor], dtype=dtype.numpy_dtype).astype(acc_dtype)[0]
-        widened = [a * factor_value for a in widened]
+        # one scalar for every rank, or a sequence: rank i's own scalar
+        factors = scalar if isinstance(scalar, (list, tuple)) else [
+            scalar if scalar is not None else premul_scalar(dtype)] * n
+        values = np.array(factors, dtype=dtype.numpy_dtype).astype(acc_dtype)
+        widened = [a * values[i] for i, a in enumerate(widened)]
         reduction = "sum"
     with np.errstate(over="ignore", invalid="ignore"):
         if reduction in ("sum", "avg"):

@@ -465,3 +465,28 @@ def mem_alloc_buffers(ctx: RankContext, count: int = 1000) -> dict:
         ctx.nccl.mem_free(send_ptr)
         ctx.nccl.mem_free(recv_ptr)
     return {"out": result}
+
+
+def per_rank_scalar(dtype: DataType, rank: int) -> float:
+    """A different PreMulSum scalar on every rank (NCCL scalars are local to each rank)."""
+    return (rank + 1) * 0.5 if dtype.is_float else rank + 2
+
+
+@scenario
+def premul_per_rank(ctx: RankContext, dtype: int, count: int = 53, device: bool = False,
+                    kind: str = "all_reduce") -> dict:
+    dtype = DataType(dtype)
+    n, rank = ctx.nranks, ctx.rank
+    send = data.make_input(900, rank, dtype, count * (n if kind == "reduce_scatter" else 1))
+    recv = data.sentinel(dtype, count)
+    op = ctx.comm.create_premul_sum(per_rank_scalar(dtype, rank), dtype, device_scalar=device)
+    try:
+        if kind == "all_reduce":
+            ctx.comm.all_reduce(send, recv, count, dtype, op)
+        elif kind == "reduce_scatter":
+            ctx.comm.reduce_scatter(send, recv, count, dtype, op)
+        else:
+            ctx.comm.reduce(send, recv, count, dtype, op, n - 1)
+    finally:
+        ctx.comm.destroy_op(op)
+    return {"out": recv}
