@@ -6,6 +6,8 @@ Scenarios for one rank count share one set of worker processes (see helpers/scen
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,7 @@ PLANS = {
          for d in DataType for dev in (False, True)
          for kind in ("all_reduce", "reduce_scatter", "reduce")],
     3: [
+        ("peer_aborts", {"victim": 1}),
         ("split", {"nocolor_rank": 2}),
         ("uneven_alltoall", {"dtype": int(DataType.int64)}),
         ("big_group", {"n_calls": 101, "nested": True, "span_split": True}),
@@ -207,3 +210,25 @@ def test_premul_sum_with_a_different_scalar_per_rank(plan_runs, dtype, device, k
             expected = total if rank == n - 1 else data.sentinel(dtype, count)
         out = got[rank]["out"]
         assert data.same_bits(out, expected), f"rank {rank}: {data.describe_mismatch(out, expected)}"
+
+
+def test_peer_abort_fails_the_others_promptly(plan_runs):
+    run = plan_runs(3)
+    got = run.all_ok(_index(3, "peer_aborts"))
+    assert got[1] == {"aborted": True}
+    for rank in (0, 2):
+        error = got[rank]["error"]
+        assert error is not None, f"rank {rank}: allreduce succeeded without rank 1"
+        assert error["result"] in (Result.remote_error, Result.invalid_usage), error
+        assert "rank 1" in error["message"], error
+        assert got[rank]["seconds"] < 10, got[rank]  # far below the 20 s operation timeout
+
+
+def test_dead_rank_fails_the_run_quickly(start_coordinator, ranks):
+    coordinator = start_coordinator("unix")
+    start = time.monotonic()
+    with pytest.raises(RankRunFailed, match=r"rank 1 \(exit 7\)"):
+        ranks(3, [("rank_dies", {"victim": 1})], coordinator, op_timeout_ms=120000,
+              timeout_s=200)
+    assert time.monotonic() - start < 60, "a dead rank kept the others waiting"
+    assert coordinator.alive()

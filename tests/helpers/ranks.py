@@ -74,21 +74,7 @@ def run_ranks(nranks: int, scenarios: Sequence[Scenario], coordinator: Coordinat
         procs.append(subprocess.Popen([sys.executable, str(WORKER), str(run_dir), str(rank),
                                        str(nranks)], env=child_env, stdin=subprocess.DEVNULL,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT)))
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
-    try:
-        for proc in procs:
-            remaining = deadline - time.monotonic()
-            try:
-                proc.wait(max(remaining, 0.1))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    timed_out = not wait_all(procs, timeout_s)
     texts = []
     for log in logs:
         log.seek(0)
@@ -107,6 +93,29 @@ def run_ranks(nranks: int, scenarios: Sequence[Scenario], coordinator: Coordinat
         path.unlink()
     run_dir.rmdir()
     return RankRun(list(scenarios), outcomes, texts)
+
+
+def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float,
+             grace_s: float = 10.0) -> bool:
+    """Wait for every process; False on timeout.  When one fails, the others get ``grace_s``
+    to notice (their own calls fail with a peer error) and are then killed, so a crashed
+    rank costs seconds, not the whole timeout.  Nothing is left running on return."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                return True
+            if any(c not in (None, 0) for c in codes):
+                deadline = min(deadline, time.monotonic() + grace_s)
+            if time.monotonic() > deadline:
+                return any(c not in (None, 0) for c in codes)  # a failure, not a timeout
+            time.sleep(0.02)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def _tail(text: str, lines: int = 25) -> str:

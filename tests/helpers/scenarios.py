@@ -490,3 +490,41 @@ def premul_per_rank(ctx: RankContext, dtype: int, count: int = 53, device: bool 
     finally:
         ctx.comm.destroy_op(op)
     return {"out": recv}
+
+
+@scenario
+def peer_aborts(ctx: RankContext, victim: int = 1) -> dict:
+    """On a fresh communicator, ``victim`` calls ncclCommAbort while the others start an
+    allreduce: they must get an error (naming the problem) instead of waiting forever."""
+    uid = ctx.shared_unique_id(f"abort-{victim}")
+    comm = ctx.nccl.comm_init_rank(ctx.nranks, uid, ctx.rank)
+    if ctx.rank == victim:
+        comm.abort()
+        return {"aborted": True}
+    buf = np.ones(16, dtype=np.float32)
+    start = time.monotonic()
+    try:
+        comm.all_reduce(buf, buf, 16, DataType.float32, RedOp.sum)
+        error = None
+    except NcclError as exc:
+        error = _error_info(exc)
+    elapsed = time.monotonic() - start
+    comm.destroy()
+    return {"aborted": False, "error": error, "seconds": elapsed}
+
+
+@scenario
+def rank_dies(ctx: RankContext, victim: int = 1) -> dict:
+    """``victim`` exits abruptly; the others' next collective must fail (not hang)."""
+    import os
+
+    if ctx.rank == victim:
+        os._exit(7)
+    buf = np.ones(4, dtype=np.float32)
+    start = time.monotonic()
+    try:
+        ctx.comm.all_reduce(buf, buf, 4, DataType.float32, RedOp.sum)
+        error = None
+    except NcclError as exc:
+        error = _error_info(exc)
+    return {"error": error, "seconds": time.monotonic() - start}
