@@ -601,6 +601,15 @@ class FrameParser:
         return frames
 
     def feed(self, data) -> list:
+        if self._hdr is None and self._targets is None and not self._buf and len(data) >= HEADER_SIZE:
+            # Fast path: exactly one whole frame without a payload to route (the common
+            # case for small requests).
+            magic, version, msg_type, rid, body_len = HEADER.unpack_from(data, 0)
+            if len(data) == HEADER_SIZE + body_len and (
+                    msg_type != GROUP or self.payload_router is None
+                    or (body_len >= 8 and body_len == 8 + OPDESC_SIZE * _U32.unpack_from(data, HEADER_SIZE)[0])):
+                self._check_header(magic, version, msg_type, body_len)
+                return [Frame(msg_type, rid, bytes(data[HEADER_SIZE:]))]
         frames: list = []
         if self._targets is not None:
             mv = memoryview(data)

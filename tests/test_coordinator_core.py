@@ -237,6 +237,28 @@ def test_split_by_color_and_key(h):
     assert h.staging(2)[1][:4].view(np.float32)[0] == 3.0
 
 
+def test_finalize_then_destroy_is_fine(h):
+    handles = world(h, 2)
+    for how in (P.FREE_FINALIZE, P.FREE_DESTROY):
+        rid = h.send(0, P.CommFree(handles[0], how))
+        assert isinstance(h.reply(0, rid), P.Ok)
+
+
+def test_one_process_runs_both_ranks_in_one_group(h):
+    h.hello(0)
+    uid = b"b" * 128
+    r0 = h.send(0, P.CommInit(uid, 2, 0))
+    r1 = h.send(0, P.CommInit(uid, 2, 1))
+    a, b = h.reply(0, r0).comm_handle, h.reply(0, r1).comm_handle
+    inp = h.staging(0)[0]
+    inp[:8] = np.frombuffer(np.array([1, 2], np.int32).tobytes(), np.uint8)
+    ops = (op(a, P.KIND_ALLREDUCE, 2, 1, 2, in_off=0, out_off=0),
+           op(b, P.KIND_ALLREDUCE, 2, 1, 2, rank=1, in_off=4, out_off=4))
+    rid = h.send(0, P.Group(ops=ops))
+    assert h.reply(0, rid).results == (0, 0)
+    assert h.staging(0)[1][:8].view(np.int32).tolist() == [3, 3]
+
+
 def test_comm_free_and_use_after_destroy(h):
     handles = world(h, 2)
     rid = h.send(0, P.CommFree(handles[0], P.FREE_DESTROY))

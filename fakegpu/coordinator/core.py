@@ -109,6 +109,7 @@ class Core:
         self.comms: dict = {}
         self.inits: dict = {}
         self._waiting: OrderedDict = OrderedDict()   # item -> None; deadline order
+        self._freed: dict = {}                        # handle -> client that freed it
         self._next_handle = 1
         self._next_comm = 1
         self._out: list = []
@@ -163,6 +164,8 @@ class Core:
         if client is None:
             return self._out
         client.closed = True
+        for handle in [h for h, c in self._freed.items() if c is client]:
+            del self._freed[handle]
         if self.recording:
             self.recorder.client_disconnected(client.record, reason)
         why = f"{client.describe()} disconnected ({reason})"
@@ -379,9 +382,14 @@ class Core:
             self._error(client, frame.request_id, P.NCCL_INVALID_ARGUMENT,
                         f"COMM_FREE: unknown mode {msg.how} (0 destroy, 1 abort, 2 finalize)")
             return
+        if self._freed.get(msg.comm_handle) is client:
+            # Destroy after finalize (or a second abort): already done, as in NCCL.
+            self._send(client, frame_bytes(P.OK, frame.request_id, b""))
+            return
         member = self._own_member(client, msg.comm_handle, "COMM_FREE", frame.request_id)
         if member is None:
             return
+        self._freed[member.handle] = client
         if msg.how == P.FREE_ABORT:
             self._member_gone(member, P.NCCL_REMOTE_ERROR, f"rank {member.rank} aborted the communicator")
         else:
@@ -462,15 +470,19 @@ class Core:
             raise P.ProtocolError(f"GROUP declares {n_ops} ops but its body holds {len(body)} bytes")
         if rid in client.groups:
             raise P.ProtocolError(f"GROUP request_id {rid} is already in flight on this connection")
-        if not frame.payload_placed and len(body) > desc_end:
-            if client.shm:
+        if frame.payload_placed:
+            pass
+        elif client.shm:
+            if len(body) > desc_end:
                 raise P.ProtocolError("GROUP carries payload bytes on a shared-memory connection")
+        else:
             layout = P.group_payload_layout(body, len(body) - desc_end, client.S)
             pos = desc_end
             inp = client.inp
             for off, ln in layout:
-                inp[off:off + ln] = np.frombuffer(body, dtype=np.uint8, count=ln, offset=pos)
-                pos += ln
+                if ln:
+                    inp[off:off + ln] = np.frombuffer(body, dtype=np.uint8, count=ln, offset=pos)
+                    pos += ln
         descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
         client.groups[rid] = group
