@@ -191,9 +191,10 @@ def _supports_group_desc() -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="fakegpu")
+    parser.add_argument("--out", help="accepted for run_case.py; nothing is written")
     args = parser.parse_args()
-    if args.backend == "fakegpu":
-        import fakegpu.torch  # noqa: F401 - registers the backend (harmless when autoloaded)
+    if args.backend == "fakegpu" and not hasattr(dist.Backend, "FAKEGPU"):
+        import fakegpu.torch  # noqa: F401 - registers the backend (fgpu's autoload already did)
     dist.init_process_group(args.backend)
     checker = Checker()
     try:

@@ -1,6 +1,10 @@
 """Put on PYTHONPATH by ``fgpu``: registers the ``fakegpu`` torch backend once torch imports.
 
-It then runs the ``sitecustomize`` it shadows, if there is one further down ``sys.path``.
+It imports neither torch nor fakegpu up front (every Python process under fgpu runs this
+file, most of them never use torch): a meta-path finder waits for ``import torch`` and runs
+the registration when torch's module has finished executing.  Then it runs the
+``sitecustomize`` it shadows, if there is one further down ``sys.path``.
+Set ``FAKEGPU_TORCH_AUTOLOAD=0`` to turn it off.
 """
 import importlib.machinery
 import importlib.util
@@ -10,13 +14,37 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _install() -> None:
+def _register() -> None:
     try:
-        from fakegpu.torch.autoload import install_import_hook
-    except ImportError:  # fakegpu itself is not importable: use the tree this file is in
+        import fakegpu  # noqa: F401
+    except ImportError:  # fakegpu is not importable on its own: use the tree this file is in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
-        from fakegpu.torch.autoload import install_import_hook
-    install_import_hook()
+    from fakegpu.torch.autoload import register_quietly
+
+    register_quietly()
+
+
+class _AfterTorchImport:
+    """One-shot finder: hands back torch's real spec with a loader that registers afterwards."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from recursing
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            try:
+                _register()
+            except Exception as exc:  # never break `import torch`
+                print(f"fakegpu: could not register the torch backend: {exc!r}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _chain_shadowed_sitecustomize() -> None:
@@ -27,8 +55,9 @@ def _chain_shadowed_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-try:
-    _install()
-except Exception as exc:  # a broken hook must not stop the interpreter
-    print(f"fakegpu: torch backend autoload disabled: {exc!r}", file=sys.stderr)
+if os.environ.get("FAKEGPU_TORCH_AUTOLOAD", "1") != "0":
+    if "torch" in sys.modules:
+        _register()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport())
 _chain_shadowed_sitecustomize()
