@@ -610,11 +610,26 @@ def make_plan(args: argparse.Namespace) -> Plan:
                              "coordinator the other hosts use")
     session = args.session or f"local-{os.getpid()}-{secrets.token_hex(4)}"
     if args.connect:
-        transport = "unix" if ("/" in args.connect and ":" not in args.connect) else "tcp"
-        return Plan(world, local, session, transport, args.connect, False, nodes, per_node)
+        transport, address = _connect_address(args.connect)
+        return Plan(world, local, session, transport, address, False, nodes, per_node)
     if args.listen:
         return Plan(world, local, session, "tcp", None, True, nodes, per_node)
     return Plan(world, local, session, "unix", None, True, nodes, per_node)
+
+
+def _connect_address(text: str) -> tuple[str, str]:
+    """--connect's transport and the address as FAKEGPU_COORDINATOR_ADDR spells it: a path
+    (or unix:PATH) is a Unix socket, HOST:PORT (or tcp:HOST:PORT) is TCP."""
+    from fakegpu.coordinator.client import parse_address
+
+    try:
+        transport, target = parse_address(text)
+    except Exception as exc:
+        raise BandwidthError(f"--connect {text!r}: {exc}") from None
+    if transport == "unix":
+        return "unix", str(target)
+    host, port = target
+    return "tcp", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _cluster_yaml(nodes: int, per_node: int) -> str:
