@@ -214,6 +214,13 @@ class DataType(enum.IntEnum):
         if isinstance(dtype, DataType):
             return dtype
         text = str(dtype)
+        if isinstance(dtype, str):
+            # NCCL-style names ("float8e4m3") and numpy/ml_dtypes names ("float8_e4m3fn"),
+            # without needing numpy to know the ml_dtypes names
+            if dtype in cls.__members__:
+                return cls[dtype]
+            if dtype in _NUMPY_NAMES:
+                return cls[_NUMPY_NAMES[dtype]]
         if text.startswith("torch."):
             name = _TORCH_NAMES.get(text[len("torch."):])
             if name is None:

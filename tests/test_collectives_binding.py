@@ -26,6 +26,9 @@ def test_datatype_codes_match_nccl():
     assert DataType.from_numpy(ml_dtypes.float8_e4m3fn) is DataType.float8e4m3
     assert DataType.from_numpy(ml_dtypes.float8_e5m2) is DataType.float8e5m2
     assert DataType.from_numpy("float16") is DataType.float16
+    assert DataType.from_numpy("bfloat16") is DataType.bfloat16
+    assert DataType.from_numpy("float8e5m2") is DataType.float8e5m2
+    assert DataType.from_numpy("float8_e4m3fn") is DataType.float8e4m3
     assert [int(op) for op in RedOp] == [0, 1, 2, 3, 4]
 
 
