@@ -138,3 +138,53 @@ def test_listen_tcp_two_logical_nodes(shim_library, tmp_path):
     assert doc["transport"] == "tcp" and doc["world_size"] == 2
     assert doc["rows"][0]["out_of_place"]["wrong"] == 0
     assert report.is_file(), done.stdout + done.stderr
+
+
+class _BrokenComm:
+    """Stands in for a 1-rank communicator whose allreduce writes zeros (a wrong result)."""
+
+    def all_reduce(self, send, recv, count, dtype, op):
+        recv[:count] = 0
+
+
+class _IdentityComm:
+    """A correct 1-rank communicator: the allreduce of one rank is its input."""
+
+    def all_reduce(self, send, recv, count, dtype, op):
+        recv[:count] = send[:count]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_wrong_results_are_counted(in_place):
+    from fakegpu.cli import bandwidth as bw
+
+    args = bw.build_parser().parse_args(["--ranks", "1", "--size", "4K"])
+    sweep = bw.resolve_sweep(args, 1)
+    bufs = bw._Buffers(sweep, 1)
+    assert bw._count_wrong(_IdentityComm(), None, sweep, bufs, 1024, 0, 1, in_place) == 0
+    assert bw._count_wrong(_BrokenComm(), None, sweep, bufs, 1024, 0, 1, in_place) == 1024
+
+
+def test_flag_errors_are_clear(capsys):
+    from fakegpu.cli import bandwidth as bw
+
+    assert bw.main(["--op", "allshuffle"]) == 2
+    assert "unknown collective" in capsys.readouterr().err
+    assert bw.main(["--dtype", "float128"]) == 2
+    assert "unknown datatype" in capsys.readouterr().err
+    assert bw.main(["--world-size", "2", "--ranks", "5", "--connect", "h:1", "--session", "s"]) == 2
+    assert "outside 0..1" in capsys.readouterr().err
+    assert bw.main(["--nodes", "2", "--ranks-per-node", "2", "--world-size", "3"]) == 2
+    assert "disagrees" in capsys.readouterr().err
+    assert bw.main(["--size", "4K", "-b", "1K"]) == 2
+    assert "--size" in capsys.readouterr().err
+
+
+def test_busbw_factors_follow_nccl_tests():
+    from fakegpu.cli.bandwidth import OPS
+
+    assert OPS["allreduce"].busbw_factor(4) == pytest.approx(1.5)
+    for name in ("allgather", "reducescatter", "alltoall", "gather", "scatter"):
+        assert OPS[name].busbw_factor(4) == pytest.approx(0.75)
+    for name in ("broadcast", "reduce", "sendrecv"):
+        assert OPS[name].busbw_factor(4) == 1.0
