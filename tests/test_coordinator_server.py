@@ -261,3 +261,33 @@ def test_small_allreduce_latency(coordinator, tmp_path):
     median_us = sorted(times)[len(times) // 2] * 1e6
     print(f"4-rank 4-byte allreduce, sequential Python clients: median {median_us:.0f} us")
     assert median_us < 5000
+
+
+def test_cluster_config_simulate_and_report(coordinator, tmp_path):
+    config = REPO / "cluster_configs" / "dev-2node-2gpu.yaml"
+    if not config.exists():
+        pytest.skip("cluster config not in this checkout")
+    report = tmp_path / "r.json"
+    c = coordinator("--address", str(tmp_path / "c.sock"), "--cluster-config", str(config),
+                    "--report", str(report), "--markdown-report", str(tmp_path / "r.md"),
+                    "--trace", str(tmp_path / "t.json"))
+    clients, handles = world(c.address, 4)
+    allreduce(clients, handles, [[1.0] * 256] * 4)
+    d = P.OpDesc(comm_handle=handles[0], kind=P.KIND_ALLREDUCE, datatype=7, total_count=1 << 20,
+                 step_count=1 << 20)
+    est = clients[0].request(P.Simulate(ops=(d,)))
+    assert isinstance(est, P.SimulateDone) and est.estimated_time_us > 0
+    for cl in clients:
+        cl.close()
+    assert c.stop() == 0
+    data = json.loads(report.read_text())
+    assert data["world_size"] == 4 and data["topology"]["node_count"] == 2
+    assert (tmp_path / "r.md").exists() and (tmp_path / "t.json").exists()
+
+
+def test_bad_cluster_config_is_a_clear_error(coordinator, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nnodes: nope\n")
+    c = coordinator("--address", str(tmp_path / "c.sock"), "--cluster-config", str(bad), expect_ready=False)
+    assert c.proc.wait(30) == 2
+    assert "bad.yaml" in c.stderr()
