@@ -1,0 +1,559 @@
+"""``FakeWorldProcessGroup``: a torch.distributed process group for a fake world.
+
+``world_size`` is the logical world (NGPU), ``rank`` the logical rank this process plays.
+Every collective among fake ranks completes at once, locally, with the SPMD-symmetric
+meaning of fakegpu.fake.semantics (every member holds what this rank holds); every
+operation is accounted for the whole logical world (fakegpu.fake.runtime).  In
+``real_pp_fake_spmd`` mode a communicator whose members are *all* played by physical
+processes (the pipeline's send/recv group) runs for real over a gloo group among those
+processes; everything else stays local.
+
+Registered as backend ``"fakegpu_fake"`` (``register()``); use :func:`init_process_group`
+(or ``dist.init_process_group("fakegpu_fake", rank=..., world_size=NGPU, store=...)``).
+The store never waits for absent ranks: nothing is read from it in pure fake mode.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import contract as _contract
+from . import runtime, semantics
+
+BACKEND_NAME = "fakegpu_fake"
+_OPS = dist.ReduceOp.RedOpType
+
+_NP_VIEW = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.bool: (torch.uint8, np.uint8),
+}
+for _name, _np in (("float8_e4m3fn", ml_dtypes.float8_e4m3fn), ("float8_e5m2", ml_dtypes.float8_e5m2)):
+    if hasattr(torch, _name):
+        _NP_VIEW[getattr(torch, _name)] = (torch.uint8, _np)
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A flat numpy view sharing memory with a contiguous CPU tensor (complex as real pairs)."""
+    t = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+    t = t.reshape(-1)
+    via = _NP_VIEW.get(t.dtype)
+    if via is not None:
+        return t.view(via[0]).numpy().view(via[1])
+    return t.numpy()
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    dt = semantics.dtype_of(array)
+    return dt.name if dt is not None else str(array.dtype)
+
+
+class _Buf:
+    """A contiguous stand-in for a tensor; ``commit()`` copies a result back into it."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if tensor.device.type != "cpu":
+            raise ValueError(f"fakegpu_fake works on CPU tensors, got one on {tensor.device}")
+        self.tensor = tensor
+        self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self.np = as_numpy(self.buffer)
+
+    def set(self, values: np.ndarray) -> None:
+        np.copyto(self.np, np.asarray(values).reshape(-1)[: self.np.size].astype(self.np.dtype, copy=False))
+        if self.buffer.data_ptr() != self.tensor.data_ptr():
+            self.tensor.copy_(self.buffer)
+
+
+def _reduction(opts, tensor: torch.Tensor) -> tuple[str, Optional[float]]:
+    reduce_op = opts.reduceOp if opts is not None and hasattr(opts, "reduceOp") else dist.ReduceOp.SUM
+    op = getattr(reduce_op, "op", reduce_op)
+    if op == _OPS.PREMUL_SUM:
+        factor = reduce_op.factor
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        return "premulsum", float(factor)
+    if tensor.dtype == torch.bool:
+        return ("max" if op in (_OPS.SUM, _OPS.MAX, _OPS.BOR) else "min"), None
+    names = {_OPS.SUM: "sum", _OPS.AVG: "avg", _OPS.PRODUCT: "prod", _OPS.MIN: "min", _OPS.MAX: "max"}
+    if op in (_OPS.BAND, _OPS.BOR, _OPS.BXOR) and not tensor.is_floating_point():
+        # identical operands: x & x = x | x = x; x ^ x ^ ... = x for odd n, 0 for even n
+        return ("bxor" if op == _OPS.BXOR else "max"), None
+    if op not in names:
+        raise ValueError(f"fakegpu_fake: reduce op {op} is not supported")
+    return names[op], None
+
+
+class FakeWorldWork(dist.Work):
+    def __init__(self, outputs: Sequence[torch.Tensor], source_rank: int = -1):
+        super().__init__()
+        self._outputs = list(outputs)
+        self._source_rank = source_rank
+
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - already complete
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        # DDP chains its bucket hooks on this future and never calls wait().
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._outputs)
+        return fut
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source_rank
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeWorldProcessGroup(dist.ProcessGroup):
+    """One communicator of a fake world, as seen by the rank this process plays."""
+
+    def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None, *,
+                 global_ranks: Optional[Sequence[int]] = None, group_name: str = "",
+                 group_desc: str = "", world: Optional[runtime.FakeWorld] = None):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout or timedelta(minutes=5)
+        self._members: Optional[tuple[int, ...]] = tuple(int(g) for g in global_ranks) if global_ranks else None
+        self._group_name = group_name
+        self._group_desc = group_desc
+        self._world = world or runtime.get_or_create()
+        self._real = None          # gloo group among physical members, made on first use
+        self._real_checked = False
+        self._split_count = 0
+        if self._members is not None and len(self._members) != size:
+            raise ValueError(f"fakegpu_fake: {len(self._members)} global ranks for a group of size {size}")
+
+    # -- identity ---------------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - C++ name
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def comm_name(self) -> str:
+        if self._group_desc and self._group_desc != "undefined":
+            return self._group_desc
+        return f"group_{self._group_name}" if self._group_name else "fakegpu_fake_group"
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Global logical rank of each member (index = rank in this group)."""
+        if self._members is None:
+            # A creator without the extended API does not learn the ranks; torch records
+            # them once the group is registered.
+            mapping = dist.distributed_c10d._world.pg_group_ranks.get(self)
+            if mapping:
+                ordered = sorted(mapping.items(), key=lambda kv: kv[1])
+                self._members = tuple(g for g, _ in ordered)
+            elif self.size() == self._world.contract.world_size:
+                self._members = tuple(range(self.size()))
+            else:
+                raise RuntimeError(f"fakegpu_fake: cannot tell which global ranks form group "
+                                   f"{self.comm_name!r}; register the backend with register()")
+        return self._members
+
+    def __repr__(self) -> str:
+        return f"<FakeWorldProcessGroup {self.comm_name!r} rank {self.rank()}/{self.size()}>"
+
+    # -- real sub-worlds (hybrid mode) ------------------------------------------------------------
+    def _real_group(self):
+        """The gloo group among this group's members if all are physical, else None."""
+        if not self._real_checked:
+            self._real_checked = True
+            lc = self._world.contract
+            members = self.members
+            if len(members) > 1 and lc.physical_world_size > 1 and all(lc.is_physical(m) for m in members):
+                store = self._world.store
+                if store is None:
+                    raise RuntimeError("fakegpu_fake: a communicator of physical ranks needs the store "
+                                       "the processes share; initialise with fakegpu.fake.init_process_group()")
+                generation = _real_generations.get(members, 0)
+                _real_generations[members] = generation + 1
+                prefix = f"fakegpu_real/{'_'.join(map(str, members))}/{generation}/"
+                self._real = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank(),
+                                                   self.size(), self._timeout)
+        return self._real
+
+    # -- accounting -------------------------------------------------------------------------------
+    def _account(self, kind: str, tensor_np: np.ndarray, count: int, *, redop=None,
+                 root: int = -1, peer: int = -1) -> None:
+        self._world.comm_op(self.comm_name, self.members, self.rank(), kind, _dtype_name(tensor_np),
+                            tensor_np.dtype.itemsize, count, redop=redop, root=root, peer=peer)
+
+    def _reduce_local(self, buf: _Buf, opts, values: Optional[np.ndarray] = None) -> np.ndarray:
+        redop, scale = _reduction(opts, buf.tensor)
+        x = buf.np if values is None else values
+        if redop == "bxor":
+            return x.copy() if self.size() % 2 else np.zeros_like(x)
+        return semantics.reduce_symmetric(x, self.size(), redop, scale)
+
+    # -- all-reduce -------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        real = self._real_group()
+        for t in tensors:
+            b = _Buf(t)
+            redop, _ = _reduction(opts, t)
+            self._account("AllReduce", b.np, b.np.size, redop=redop)
+            if real is None:
+                b.set(self._reduce_local(b, opts))
+        if real is not None:
+            return real.allreduce(tensors, opts) if opts is not None else real.allreduce(tensors)
+        return FakeWorldWork(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        if self._real_group() is not None:
+            for t in tensors:
+                self.allreduce([t], _allreduce_opts(opts))
+            return FakeWorldWork(tensors)
+        for t in tensors:
+            self.allreduce([t], opts)
+        return FakeWorldWork(tensors)
+
+    # -- broadcast / reduce -----------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        t = tensors[opts.rootTensor if opts is not None else 0]
+        b = _Buf(t)
+        self._account("Broadcast", b.np, b.np.size, root=root)
+        real = self._real_group()
+        if real is not None:
+            return real.broadcast(tensors, opts)
+        return FakeWorldWork(tensors)   # the root held what we hold
+
+    def reduce(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        t = tensors[opts.rootTensor if opts is not None else 0]
+        b = _Buf(t)
+        redop, _ = _reduction(opts, t)
+        self._account("Reduce", b.np, b.np.size, redop=redop, root=root)
+        real = self._real_group()
+        if real is not None:
+            return real.reduce(tensors, opts)
+        if self.rank() == root:
+            b.set(self._reduce_local(b, opts))
+        return FakeWorldWork(tensors)
+
+    # -- all-gather -------------------------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        real = self._real_group()
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != self.size():
+                raise ValueError(f"fakegpu_fake allgather: need {self.size()} outputs, got {len(outs)}")
+            src = _Buf(inp)
+            self._account("AllGather", src.np, src.np.size)
+            if real is None:
+                for out in outs:
+                    if out.numel() != inp.numel():
+                        raise ValueError("fakegpu_fake allgather: output and input sizes differ")
+                    _Buf(out).set(src.np)
+        if real is not None:
+            return real.allgather(output_tensors, input_tensors)
+        return FakeWorldWork([t for outs in output_tensors for t in outs])
+
+    def _allgather_pairs(self, pairs):
+        real = self._real_group()
+        outs = []
+        for output, input_ in pairs:
+            if output.numel() != input_.numel() * self.size():
+                raise ValueError(f"fakegpu_fake all-gather: output has {output.numel()} elements, "
+                                 f"expected {self.size()} x {input_.numel()}")
+            src = _Buf(input_)
+            self._account("AllGather", src.np, src.np.size)
+            if real is not None:
+                real._allgather_base(output, input_).wait()
+            else:
+                _Buf(output).set(semantics.all_gather(src.np, self.size()))
+            outs.append(output)
+        return FakeWorldWork(outs)
+
+    def _allgather_base(self, output, input_, opts=None):
+        return self._allgather_pairs([(output, input_)])
+
+    def all_gather_single(self, output, input_, opts=None):
+        return self._allgather_pairs([(output, input_)])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_pairs(list(zip(outputs, inputs)))
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_pairs(list(zip(outputs, inputs)))
+
+    # -- reduce-scatter ---------------------------------------------------------------------------
+    def _reduce_scatter_pairs(self, pairs, opts):
+        real = self._real_group()
+        outs = []
+        for output, input_ in pairs:
+            if input_.numel() != output.numel() * self.size():
+                raise ValueError(f"fakegpu_fake reduce-scatter: input has {input_.numel()} elements, "
+                                 f"expected {self.size()} x {output.numel()}")
+            out, src = _Buf(output), _Buf(input_)
+            redop, scale = _reduction(opts, output)
+            self._account("ReduceScatter", out.np, out.np.size, redop=redop)
+            if real is not None:
+                real._reduce_scatter_base(output, input_, _reduce_scatter_opts(opts)).wait()
+            else:
+                c = out.np.size
+                share = src.np[self.rank() * c:(self.rank() + 1) * c]
+                out.set(self._reduce_local(out, opts, values=share))
+            outs.append(output)
+        return FakeWorldWork(outs)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        pairs = [(out, torch.cat([b.reshape(-1) for b in blocks]).to(out.dtype))
+                 for out, blocks in zip(output_tensors, input_lists)]
+        return self._reduce_scatter_pairs(pairs, opts)
+
+    def _reduce_scatter_base(self, output, input_, opts=None):
+        return self._reduce_scatter_pairs([(output, input_)], opts)
+
+    def reduce_scatter_single(self, output, input_, opts=None):
+        return self._reduce_scatter_pairs([(output, input_)], opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_pairs(list(zip(outputs, inputs)), opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_pairs(list(zip(outputs, inputs)), opts)
+
+    # -- all-to-all -------------------------------------------------------------------------------
+    def _all_to_all_single(self, output, input_, output_splits, input_splits):
+        n = self.size()
+        out, src = _Buf(output), _Buf(input_)
+        per_rank = src.np.size // n if src.np.size % n == 0 else max(src.np.size // n, 1)
+        self._account("AlltoAll", src.np, per_rank)
+        real = self._real_group()
+        if real is not None:
+            return real.alltoall_base(output, input_, list(output_splits), list(input_splits))
+        if not output_splits and not input_splits:
+            out.set(semantics.all_to_all(src.np, n, self.rank()))
+        else:
+            rows = input_.shape[0] if input_.dim() else 1
+            row = src.np.size // rows if rows else 1
+            ins = list(input_splits) or [input_.shape[0] // n] * n
+            outs = list(output_splits) or [output.shape[0] // n] * n
+            out.set(semantics.all_to_all(src.np, n, self.rank(), ins, outs, row=row))
+        return FakeWorldWork([output])
+
+    def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single(output, input_, output_split_sizes, input_split_sizes)
+
+    def all_to_all_single(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single(output, input_, output_split_sizes, input_split_sizes)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"fakegpu_fake alltoall: need {n} input and {n} output tensors")
+        mine = _Buf(input_tensors[self.rank()])
+        self._account("AlltoAll", mine.np, mine.np.size)
+        real = self._real_group()
+        if real is not None:
+            return real.alltoall(output_tensors, input_tensors)
+        for out in output_tensors:   # rank j sends us its block r, which equals ours
+            ob = _Buf(out)
+            values = np.zeros(ob.np.size, dtype=ob.np.dtype)
+            k = min(values.size, mine.np.size)
+            values[:k] = mine.np[:k]
+            ob.set(values)
+        return FakeWorldWork(output_tensors)
+
+    # -- gather / scatter -------------------------------------------------------------------------
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        src = _Buf(input_tensors[0])
+        self._account("Gather", src.np, src.np.size, root=root)
+        real = self._real_group()
+        if real is not None:
+            return real.gather(output_tensors, input_tensors, opts)
+        if self.rank() == root:
+            for out in output_tensors[0]:
+                _Buf(out).set(src.np)
+        return FakeWorldWork([t for outs in output_tensors for t in outs])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        out = _Buf(output_tensors[0])
+        self._account("Scatter", out.np, out.np.size, root=root)
+        real = self._real_group()
+        if real is not None:
+            return real.scatter(output_tensors, input_tensors, opts)
+        if self.rank() == root and input_tensors and input_tensors[0]:
+            out.set(_Buf(input_tensors[0][self.rank()]).np)
+        else:
+            out.set(np.zeros(out.np.size, dtype=out.np.dtype))
+        return FakeWorldWork(output_tensors)
+
+    # -- barrier ----------------------------------------------------------------------------------
+    def barrier(self, opts=None):
+        # ProcessGroupNCCL's barrier is a one-element all-reduce; account it the same way.
+        token = torch.zeros(1)
+        return self.allreduce([token])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):  # noqa: ARG002
+        self.barrier()
+
+    # -- point to point ---------------------------------------------------------------------------
+    def _check_peer(self, kind: str, tensors, peer: int) -> _Buf:
+        if len(tensors) != 1:
+            raise ValueError(f"fakegpu_fake {kind}: expected one tensor, got {len(tensors)}")
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"fakegpu_fake {kind}: peer {peer} is not another rank of this "
+                             f"{self.size()}-rank group (this is rank {self.rank()})")
+        return _Buf(tensors[0])
+
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
+        b = self._check_peer("send", tensors, dstRank)
+        self._account("SendRecv", b.np, b.np.size, root=self.rank(), peer=dstRank)
+        real = self._real_group()
+        if real is not None:
+            return real.send(tensors, dstRank, tag)
+        _exchange.send(self._exchange_key, self.rank(), self.size(), dstRank, b.np)
+        return FakeWorldWork(tensors)
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        b = self._check_peer("recv", tensors, srcRank)
+        self._account("SendRecv", b.np, b.np.size, root=srcRank, peer=self.rank())
+        real = self._real_group()
+        if real is not None:
+            return real.recv(tensors, srcRank, tag)
+        data, _ = _exchange.recv(self._exchange_key, self.rank(), self.size(), srcRank, b.np.size, b.np.dtype)
+        b.set(data)
+        return FakeWorldWork(tensors, source_rank=srcRank)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("fakegpu_fake: recv from any source is not supported (NCCL has no "
+                           "wildcard receive); pass src=")
+
+    @property
+    def _exchange_key(self):
+        return (self.members, self.comm_name)
+
+    # -- groups from groups -----------------------------------------------------------------------
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """The caller's subgroup made of ``ranks`` (ranks of this group), None if not a member.
+
+        Local: in a fake world nobody else takes part in the split."""
+        ranks = sorted(int(r) for r in ranks)
+        self._split_count += 1
+        if self.rank() not in ranks:
+            return None
+        members = [self.members[r] for r in ranks]
+        name = group_name or f"{self._group_name}_split{self._split_count}"
+        desc = group_desc or f"{self.comm_name}:split:{self._split_count}"
+        return FakeWorldProcessGroup(self._store, ranks.index(self.rank()), len(ranks), timeout,
+                                     global_ranks=members, group_name=name, group_desc=desc,
+                                     world=self._world)
+
+    def comm_split_count(self) -> int:
+        return self._split_count
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._is_default():
+            self._world.finish()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def _is_default(self) -> bool:
+        return self.size() == self._world.contract.world_size and self.members == tuple(range(self.size()))
+
+
+_exchange = semantics.PeerExchange()
+_real_generations: dict[tuple[int, ...], int] = {}
+
+
+def _allreduce_opts(opts):
+    out = dist.AllreduceOptions()
+    if opts is not None and hasattr(opts, "reduceOp"):
+        out.reduceOp = opts.reduceOp
+    return out
+
+
+def _reduce_scatter_opts(opts):
+    out = dist.ReduceScatterOptions()
+    if opts is not None and hasattr(opts, "reduceOp"):
+        out.reduceOp = opts.reduceOp
+    return out
+
+
+def _create(common_opts, backend_opts=None):
+    """Backend creator (extended API: learns the group's global ranks)."""
+    world = runtime.get_or_create()
+    ranks = list(common_opts.global_ranks_in_group or [])
+    size = common_opts.group_size
+    if not ranks:   # the default group
+        if size != world.contract.world_size:
+            raise _contract.LaunchContractError(
+                f"init_process_group(world_size={size}) but NGPU={world.contract.world_size}: a fake "
+                f"world's process group spans the logical world; pass world_size=NGPU")
+        if common_opts.group_rank != world.contract.logical_rank:
+            raise _contract.LaunchContractError(
+                f"init_process_group(rank={common_opts.group_rank}) but the launch contract makes this "
+                f"process logical rank {world.contract.logical_rank}; pass rank={world.contract.logical_rank}")
+        if world.store is None:
+            world.store = common_opts.store
+        ranks = list(range(size))
+    return FakeWorldProcessGroup(common_opts.store, common_opts.group_rank, size, common_opts.timeout,
+                                 global_ranks=ranks, group_name=str(common_opts.group_id or ""),
+                                 world=world)
+
+
+def register() -> str:
+    """Register the ``fakegpu_fake`` backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    return BACKEND_NAME
+
+
+def init_process_group(*, pp_degree: Optional[int] = None, env=None, timeout: Optional[timedelta] = None,
+                       **world_kw) -> runtime.FakeWorld:
+    """Read the launch contract, start the fake world and ``dist.init_process_group`` on it.
+
+    Pure fake: a local HashStore (no rank ever waits on it).  Several physical processes:
+    a TCPStore among them at MASTER_ADDR:MASTER_PORT (torchrun sets both), used only by the
+    communicators whose members are all physical and to hand events to the lead process.
+    """
+    lc = _contract.resolve(env, pp_degree=pp_degree)
+    register()
+    world = runtime.get_or_create(lc, **world_kw)
+    env = os.environ if env is None else env
+    timeout = timeout or timedelta(seconds=float(env.get("FAKEGPU_FAKE_TIMEOUT", "300")))
+    if lc.physical_world_size > 1:
+        store = dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")),
+                              lc.physical_world_size, lc.physical_rank == 0, timeout=timeout)
+    else:
+        store = dist.HashStore()
+    world.store = store
+    dist.init_process_group(BACKEND_NAME, store=store, rank=lc.logical_rank, world_size=lc.world_size,
+                            timeout=timeout)
+    return world

@@ -1,0 +1,250 @@
+"""The per-process fake world: launch contract, event log, whole-world accountant, report.
+
+One ``FakeWorld`` per process (``current()``).  Front ends (the torch process group, the
+memory capture) call :meth:`FakeWorld.comm_op`; the world decides which operations this
+process accounts (so that several physical processes never count the same traffic twice),
+logs them as events, feeds the accountant, and writes the report once, at exit or when the
+default process group is destroyed.
+
+Accounting policy (documented in docs/fake-worlds.md):
+- pure fake: every operation, its replicas tiled over the whole logical world;
+- several physical processes (real_pp_fake_spmd): each stands for its slice of the world
+  (``LaunchContract.slice_of``).  A communicator inside the slice is tiled inside the slice;
+  one that spans slices (the pipeline group, the world group) is tiled over the world and
+  accounted by one process only: for point-to-point, the sender when the peer is physical
+  (the receiver's process accounts nothing, the receive being that send), both directions
+  when the peer is fake; for collectives, the lowest physical member.
+- The process playing the lowest physical logical rank writes the report; the others hand
+  their events over through the store (no shared filesystem needed).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import zlib
+from typing import Optional, Sequence
+
+from . import contract as _contract
+from .events import EventLog, replay
+from .world import WorldAccountant
+
+_lock = threading.Lock()
+_current: Optional["FakeWorld"] = None
+_EVENTS_KEY = "fakegpu_fake/events/"
+
+
+def _log(msg: str) -> None:
+    if os.environ.get("FAKEGPU_QUIET", "0") != "1":
+        print(f"fakegpu fake: {msg}", file=sys.stderr, flush=True)
+
+
+def load_topology(world_size: int, path: Optional[str] = None):
+    from fakegpu.topology import default_topology, load_cluster_config
+
+    path = path or os.environ.get("FAKEGPU_CLUSTER_CONFIG") or None
+    return load_cluster_config(path) if path else default_topology(world_size)
+
+
+class FakeWorld:
+    def __init__(self, lc: _contract.LaunchContract, *, topology=None,
+                 report_path: Optional[str] = None, markdown_path: Optional[str] = None,
+                 events_path: Optional[str] = None):
+        self.contract = lc
+        self.report_path = report_path if report_path is not None else os.environ.get("FAKEGPU_CLUSTER_REPORT_PATH")
+        self.markdown_path = markdown_path if markdown_path is not None else \
+            os.environ.get("FAKEGPU_CLUSTER_REPORT_MARKDOWN_PATH") or None
+        events_path = events_path if events_path is not None else os.environ.get("FAKEGPU_FAKE_EVENTS_PATH")
+        if events_path and lc.physical_world_size > 1:
+            events_path = f"{events_path}.rank{lc.physical_rank}"
+        self.log = EventLog(events_path or None)
+        self.log.add({"event": "world", "version": 1, **lc.to_dict()})
+        self._topology = topology
+        self._accountant: Optional[WorldAccountant] = None
+        self._comm_ids: dict[tuple, int] = {}
+        self.store = None            # set by the default process group (hybrid event hand-over)
+        self.finished = False
+        self.written: dict = {}
+        self.memory: list[dict] = []
+        self._lock = threading.RLock()
+
+    # -- who accounts what ---------------------------------------------------------------------
+    @property
+    def is_lead(self) -> bool:
+        return self.contract.logical_rank == min(self.contract.physical_ranks)
+
+    def _placement(self, members: Sequence[int]) -> tuple[Optional[tuple[int, int]], bool]:
+        """(tiling domain, spans slices) of a communicator."""
+        lc = self.contract
+        if lc.physical_world_size <= 1:
+            return None, False
+        lo, hi = lc.slice_of(lc.logical_rank)
+        if all(lo <= m < hi for m in members):
+            return (lo, hi), False
+        return None, True
+
+    def should_account(self, members: Sequence[int], kind: str, *, sender: Optional[int] = None,
+                       receiver: Optional[int] = None) -> tuple[bool, Optional[tuple[int, int]]]:
+        lc = self.contract
+        domain, spans = self._placement(members)
+        if not spans:
+            if kind == "SendRecv" and receiver == lc.logical_rank and sender is not None \
+                    and lc.is_physical(sender) and sender != receiver:
+                return False, domain   # the sender's process accounts this transfer
+            return True, domain
+        if kind == "SendRecv":
+            if receiver == lc.logical_rank and sender is not None and lc.is_physical(sender):
+                return False, None
+            return True, None
+        lowest = min((m for m in members if lc.is_physical(m)), default=lc.logical_rank)
+        return lowest == lc.logical_rank, None
+
+    # -- events ---------------------------------------------------------------------------------
+    def _comm_id(self, name: str, members: tuple[int, ...]) -> int:
+        key = (name, members)
+        cid = self._comm_ids.get(key)
+        if cid is None:
+            cid = self._comm_ids[key] = len(self._comm_ids)
+            self.log.add({"event": "comm", "id": cid, "name": name, "members": list(members)})
+        return cid
+
+    @property
+    def accountant(self) -> WorldAccountant:
+        if self._accountant is None:
+            topo = self._topology or load_topology(self.contract.world_size)
+            self._accountant = WorldAccountant(topo, self.contract.world_size,
+                                               metadata={"mode": "fake"})
+        return self._accountant
+
+    def comm_op(self, name: str, members: Sequence[int], rank: int, kind: str, datatype: str,
+                elem_size: int, count: int, *, redop: Optional[str] = None, root: int = -1,
+                peer: int = -1) -> bool:
+        """Log and account one operation issued by comm rank ``rank``; False if another
+        process accounts it."""
+        members = tuple(int(m) for m in members)
+        sender = members[root] if kind == "SendRecv" and 0 <= root < len(members) else None
+        receiver = members[peer] if kind == "SendRecv" and 0 <= peer < len(members) else None
+        ok, domain = self.should_account(members, kind, sender=sender, receiver=receiver)
+        if not ok:
+            return False
+        with self._lock:
+            if self.finished:
+                return False
+            cid = self._comm_id(name, members)
+            event = {"event": "op", "comm": cid, "kind": kind, "dtype": datatype, "elem_size": elem_size,
+                     "count": count, "redop": redop, "root": root, "peer": peer, "rank": rank}
+            if domain is not None:
+                event["domain"] = list(domain)
+            self.log.add(event)
+            if self.is_lead:
+                self.accountant.op(name, members, kind, datatype, elem_size, count, redop=redop,
+                                   root=root, peer=peer, domain=domain)
+        return True
+
+    def memory_capture(self, record: dict) -> None:
+        with self._lock:
+            self.memory.append(record)
+            self.log.add({"event": "memory", **record})
+
+    # -- the end --------------------------------------------------------------------------------
+    def finish(self, timeout_s: Optional[float] = None) -> dict:
+        """Write the report (lead) or hand the events to the lead (others).  Idempotent."""
+        with self._lock:
+            if self.finished:
+                return self.written
+            self.finished = True
+        lc = self.contract
+        timeout_s = float(os.environ.get("FAKEGPU_FAKE_MERGE_TIMEOUT", "60")) if timeout_s is None else timeout_s
+        self.log.close()
+        if not self.is_lead:
+            if self.store is not None:
+                try:
+                    self.store.set(f"{_EVENTS_KEY}{lc.physical_rank}", zlib.compress(self.log.dumps().encode()))
+                except Exception as exc:  # the lead may be gone; nothing else to do at exit
+                    _log(f"could not hand events to the lead process: {exc}")
+            return self.written
+        missing = []
+        for r, g in enumerate(lc.physical_ranks):
+            if g == lc.logical_rank:
+                continue
+            if self.store is None:
+                missing.append(r)
+                continue
+            key = f"{_EVENTS_KEY}{r}"
+            deadline = time.monotonic() + timeout_s
+            blob = None
+            while time.monotonic() < deadline:
+                try:
+                    if self.store.check([key]):
+                        blob = self.store.get(key)
+                        break
+                except Exception:
+                    break
+                time.sleep(0.05)
+            if blob is None:
+                missing.append(r)
+                continue
+            text = zlib.decompress(bytes(blob)).decode()
+            theirs = replay((json.loads(line) for line in text.splitlines() if line.strip()),
+                            self.accountant, source=f"physical rank {r}")
+            self.memory.extend(theirs["memory"])
+        acc = self.accountant
+        extra = {**lc.to_dict(), "events_from_physical_ranks": [r for r in range(lc.physical_world_size)
+                                                                 if r not in missing]}
+        if missing:
+            extra["missing_physical_ranks"] = missing
+        meta = acc.finish_metadata(extra)
+        acc.report.metadata["mode"] = "fake"
+        acc.report.metadata["logical_world_size"] = lc.world_size
+        acc.report.metadata["physical_logical_ranks"] = list(lc.physical_ranks)
+        if self.memory:
+            from .memory import summarize_for_report
+            acc.report.metadata["memory_captures"] = summarize_for_report(self.memory)
+        notes = [f"fake world ({lc.mode}): {lc.world_size} logical ranks, physical logical ranks "
+                 f"{list(lc.physical_ranks)}; every communicator's traffic is replicated over the groups of "
+                 f"the same shape (SPMD assumption), so the tables estimate the whole logical world."]
+        if meta.get("untiled_communicators"):
+            notes.append("communicators that do not tile the world were accounted alone: "
+                         + ", ".join(sorted(meta["untiled_communicators"])))
+        if missing:
+            notes.append(f"no events arrived from physical ranks {missing}: their traffic is missing")
+        acc.report.extra_notes.extend(notes)
+        if self.report_path:
+            self.written = acc.report.write(self.report_path, self.markdown_path)
+            _log(f"report written to {self.written['json']} ({acc.records} replica records "
+                 f"from {acc.ops} operations)")
+        return self.written
+
+
+def current() -> Optional[FakeWorld]:
+    return _current
+
+
+def get_or_create(lc: Optional[_contract.LaunchContract] = None, **kw) -> FakeWorld:
+    global _current
+    with _lock:
+        if _current is None or _current.finished:
+            _current = FakeWorld(lc or _contract.resolve(), **kw)
+        return _current
+
+
+def reset() -> None:
+    """Forget the current world without writing anything (tests)."""
+    global _current
+    with _lock:
+        _current = None
+
+
+def _at_exit() -> None:
+    world = _current
+    if world is not None and not world.finished:
+        try:
+            world.finish()
+        except Exception as exc:
+            _log(f"writing the fake-world report failed: {exc}")
+
+
+atexit.register(_at_exit)

@@ -1,0 +1,240 @@
+"""SPMD-symmetric local completion of collectives on numpy arrays.
+
+In a fake world only one rank of each communicator exists.  We complete every operation as
+if each member held exactly what this rank holds (the SPMD assumption), so results have the
+right shapes, dtypes and plausible values:
+
+- all-reduce: sum = n*x, avg = x, prod = x**n, max = min = x, premulsum = n*(s*x);
+- broadcast: x (the root held what we hold); reduce: like all-reduce on the root, the
+  non-root output untouched (NCCL does not write it);
+- all-gather: x repeated n times; reduce-scatter: this rank's share, reduced n times;
+- all-to-all: output block j is what rank j sends to us, i.e. its block r == our block r;
+- gather: x repeated n times on the root; scatter: the root's block r (zeros on a
+  non-root, which has no list to take it from);
+- send/recv: see :class:`PeerExchange`.
+
+Reductions are dtype-exact like the real data path (fakegpu.coordinator.collectives.numerics):
+floats narrower than float32 accumulate in float32 and round once, float64 in float64, in
+rank order; integer sums wrap and integer avg truncates.  For that we fold n copies of x
+with the coordinator's own ``reduce_into``; above ``EXACT_ELEMENT_OPS`` element operations
+(n x count) we switch to the closed forms above, computed in the accumulator type and rounded
+once, which can differ from rank-ordered folding in the last bit for float sums.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+from fakegpu import protocol as P
+from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType, reduce_into
+
+# Above this many element operations (group size x element count) use the closed forms.
+EXACT_ELEMENT_OPS = 1 << 24
+
+REDOPS = {"sum": P.REDOP_SUM, "prod": P.REDOP_PROD, "max": P.REDOP_MAX, "min": P.REDOP_MIN,
+          "avg": P.REDOP_AVG, "premulsum": P.REDOP_PREMULSUM}
+_BY_NP = {d.np: d for d in DTYPE_BY_NAME.values()}
+
+
+def dtype_of(array: np.ndarray) -> Optional[DType]:
+    """The NCCL datatype of ``array`` (None for dtypes NCCL has no type for, e.g. int16)."""
+    return _BY_NP.get(array.dtype)
+
+
+def _redop_code(redop) -> int:
+    if isinstance(redop, str):
+        try:
+            return REDOPS[redop.lower()]
+        except KeyError:
+            raise ValueError(f"unknown reduction {redop!r}; expected one of {', '.join(REDOPS)}") from None
+    return int(redop)
+
+
+def reduce_symmetric(x: np.ndarray, n: int, redop="sum", scale: Optional[float] = None,
+                     *, exact_limit: int = EXACT_ELEMENT_OPS) -> np.ndarray:
+    """The reduction of n copies of ``x`` (a new 1-D array of x's dtype)."""
+    if n < 1:
+        raise ValueError(f"group size must be at least 1, got {n}")
+    code = _redop_code(redop)
+    if code == P.REDOP_PREMULSUM and scale is None:
+        raise ValueError("premulsum needs its scale factor")
+    x = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(x)
+    if x.size == 0:
+        return out
+    if code in (P.REDOP_MAX, P.REDOP_MIN):
+        np.copyto(out, x)
+        return out
+    dt = dtype_of(x)
+    if dt is not None and n * x.size <= exact_limit:
+        scalars = None
+        if code == P.REDOP_PREMULSUM:
+            scalars = [np.array([scale]).astype(dt.np).tobytes().ljust(8, b"\0")] * n
+        reduce_into(dt, code, [x] * n, [out], scalars)
+        return out
+    return _closed_form(x, n, code, scale, dt, out)
+
+
+def _closed_form(x, n, code, scale, dt: Optional[DType], out):
+    is_float = np.issubdtype(x.dtype, np.floating) or (dt is not None and dt.is_float)
+    if is_float:
+        acc_t = (dt.acc if dt is not None else np.dtype(np.float64 if x.dtype == np.float64 else np.float32)).type
+        acc = x.astype(acc_t)
+        if code == P.REDOP_PREMULSUM:
+            # The scale is a value of the op's datatype (NCCL's scalar argument).
+            s = np.array([scale]).astype(x.dtype).astype(acc_t)[0]
+            acc = acc * s
+        if code in (P.REDOP_SUM, P.REDOP_PREMULSUM):
+            acc = acc * acc_t(n)
+        elif code == P.REDOP_AVG:
+            acc = (acc * acc_t(n)) / acc_t(n)
+        elif code == P.REDOP_PROD:
+            acc = np.power(acc, n)
+        if dt is not None and dt.saturate is not None:
+            acc = np.clip(acc, -dt.saturate, dt.saturate)
+        np.copyto(out, acc, casting="unsafe")
+        return out
+    if x.dtype == np.bool_:
+        np.copyto(out, x)   # logical or/and of identical values
+        return out
+    # Integers: numpy array arithmetic wraps modulo 2^bits, like NCCL.
+    with np.errstate(over="ignore"):
+        v = x.copy()
+        if code == P.REDOP_PREMULSUM:
+            v = v * np.array([scale]).astype(x.dtype)[0]
+        if code in (P.REDOP_SUM, P.REDOP_PREMULSUM, P.REDOP_AVG):
+            v = v * x.dtype.type(n)
+        elif code == P.REDOP_PROD:
+            v = _int_power(v, n)
+        if code == P.REDOP_AVG:
+            v = _trunc_div(v, n)
+    np.copyto(out, v)
+    return out
+
+
+def _int_power(v: np.ndarray, n: int) -> np.ndarray:
+    result = np.ones_like(v)
+    base = v.copy()
+    with np.errstate(over="ignore"):
+        while n:
+            if n & 1:
+                result = result * base
+            base = base * base
+            n >>= 1
+    return result
+
+
+def _trunc_div(v: np.ndarray, n: int) -> np.ndarray:
+    info = np.iinfo(v.dtype)
+    if n > info.max:
+        return np.zeros_like(v)
+    d = v.dtype.type(n)
+    if info.min == 0:
+        return v // d
+    rem = np.fmod(v, d)
+    return (v - rem) // d
+
+
+def all_reduce(x, n, redop="sum", scale=None, **kw) -> np.ndarray:
+    return reduce_symmetric(x, n, redop, scale, **kw)
+
+
+def broadcast(x: np.ndarray) -> np.ndarray:
+    return np.array(x, copy=True)
+
+
+def reduce(x, n, root: int, rank: int, redop="sum", scale=None, **kw) -> Optional[np.ndarray]:
+    """The root's result; None on a non-root (its output is not written)."""
+    return reduce_symmetric(x, n, redop, scale, **kw) if rank == root else None
+
+
+def all_gather(x: np.ndarray, n: int) -> np.ndarray:
+    return np.tile(np.ascontiguousarray(x).reshape(-1), n)
+
+
+def reduce_scatter(inp: np.ndarray, n: int, rank: int, redop="sum", scale=None, **kw) -> np.ndarray:
+    flat = np.ascontiguousarray(inp).reshape(-1)
+    if flat.size % n:
+        raise ValueError(f"reduce-scatter input of {flat.size} elements is not divisible by {n} ranks")
+    c = flat.size // n
+    return reduce_symmetric(flat[rank * c:(rank + 1) * c], n, redop, scale, **kw)
+
+
+def all_to_all(inp: np.ndarray, n: int, rank: int,
+               in_splits: Optional[list[int]] = None, out_splits: Optional[list[int]] = None,
+               row: int = 1) -> np.ndarray:
+    """Flat output.  Splits count rows of ``row`` elements (None: even split).
+
+    Rank j sends us its block ``rank``, which by symmetry equals ours; if the output block
+    for j is a different size (uneven splits), it is filled from our block and zero-padded.
+    """
+    flat = np.ascontiguousarray(inp).reshape(-1)
+    if in_splits is None:
+        if flat.size % n:
+            raise ValueError(f"all-to-all input of {flat.size} elements is not divisible by {n} ranks")
+        c = flat.size // n
+        return np.tile(flat[rank * c:(rank + 1) * c], n)
+    offsets = np.cumsum([0] + [s * row for s in in_splits])
+    mine = flat[offsets[rank]:offsets[rank + 1]]
+    out_splits = list(out_splits) if out_splits is not None else list(in_splits)
+    blocks = []
+    for j in range(n):
+        size = out_splits[j] * row
+        block = np.zeros(size, dtype=flat.dtype)
+        k = min(size, mine.size)
+        block[:k] = mine[:k]
+        blocks.append(block)
+    return np.concatenate(blocks) if blocks else np.empty(0, dtype=flat.dtype)
+
+
+def gather(x: np.ndarray, n: int, root: int, rank: int) -> Optional[np.ndarray]:
+    return all_gather(x, n) if rank == root else None
+
+
+def scatter(blocks: Optional[np.ndarray], n: int, root: int, rank: int, count: int,
+            dtype) -> np.ndarray:
+    """This rank's block of the root's flat input (zeros on a non-root)."""
+    if rank == root and blocks is not None:
+        flat = np.ascontiguousarray(blocks).reshape(-1)
+        return flat[rank * count:(rank + 1) * count].copy()
+    return np.zeros(count, dtype=dtype)
+
+
+class PeerExchange:
+    """Send/recv between this rank and fake peers, by symmetry.
+
+    This rank (index r) receiving from peer p = r + d gets what p sent to its own peer at
+    offset -d, p - d; in an SPMD world that is what this rank sends to r - d (mod n, as a
+    ring wraps).  So a receive takes the oldest not yet taken send of the same group to
+    index (r - d) mod n with the same element count and dtype.  If there is none (pipeline
+    stage 0 receiving gradients, or a receive posted before the matching send), the receive
+    yields zeros: deterministic, unlike stale memory.  Values are placeholders either way; a
+    fake world checks shapes, ownership and memory, not numerics.
+
+    Sent payloads are copied (the sender may reuse its buffer); at most ``max_pending``
+    unmatched sends per group are kept, the oldest dropped first.
+    """
+
+    def __init__(self, max_pending: int = 64):
+        self.max_pending = max_pending
+        self._pending: dict[object, deque] = {}
+
+    def send(self, group_key, rank: int, n: int, peer: int, data: np.ndarray) -> None:
+        q = self._pending.setdefault(group_key, deque())
+        q.append((peer, np.array(data, copy=True).reshape(-1)))
+        while len(q) > self.max_pending:
+            q.popleft()
+
+    def recv(self, group_key, rank: int, n: int, peer: int, count: int, dtype) -> tuple[np.ndarray, bool]:
+        """(data, matched): the payload for a receive of ``count`` elements from ``peer``."""
+        dtype = np.dtype(dtype)
+        target = (2 * rank - peer) % n
+        q = self._pending.get(group_key)
+        if q:
+            for i, (to, data) in enumerate(q):
+                if to == target and data.size == count and data.dtype == dtype:
+                    del q[i]
+                    return data, True
+        return np.zeros(count, dtype=dtype), False
