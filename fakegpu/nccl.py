@@ -92,6 +92,8 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -553,6 +555,11 @@ class Comm:
         self._check(self._lib.ncclBroadcast(self._ptr(send), self._ptr(recv), int(count),
                                             _dtype_code(dtype), int(root), self._handle,
                                             self._ffi.NULL), "ncclBroadcast")
+
+    def bcast(self, buf: BufferLike, count: int, dtype: Any, root: int) -> None:
+        """The legacy in-place broadcast (``ncclBcast``)."""
+        self._check(self._lib.ncclBcast(self._ptr(buf), int(count), _dtype_code(dtype), int(root),
+                                        self._handle, self._ffi.NULL), "ncclBcast")
 
     def reduce(self, send: BufferLike, recv: BufferLike, count: int, dtype: Any, op: Any,
                root: int) -> None:

@@ -16,7 +16,7 @@ from helpers.scenarios import expected_collective
 
 COUNT = 37  # odd and prime: no accidental alignment with anything
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
-MOVING = ("broadcast", "all_gather", "all_to_all", "gather", "scatter", "send_recv")
+MOVING = ("broadcast", "bcast", "all_gather", "all_to_all", "gather", "scatter", "send_recv")
 IN_PLACE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
             "scatter")
 IN_PLACE_DTYPES = (DataType.uint8, DataType.int64, DataType.float16, DataType.float32,

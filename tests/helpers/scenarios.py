@@ -69,10 +69,11 @@ def run_collective(comm: Comm, rank: int, nranks: int, *, kind: str, dtype: int,
     """Run one call; return the output buffer (and the send buffer, to check it was not touched)."""
     dtype = DataType(dtype)
     n = nranks
-    send_count = {"all_reduce": count, "broadcast": count, "reduce": count, "all_gather": count,
+    send_count = {"all_reduce": count, "broadcast": count, "bcast": count, "reduce": count,
+                  "all_gather": count,
                   "reduce_scatter": n * count, "all_to_all": n * count, "gather": count,
                   "scatter": n * count, "send_recv": count}[kind]
-    recv_count = {"all_reduce": count, "broadcast": count, "reduce": count,
+    recv_count = {"all_reduce": count, "broadcast": count, "bcast": count, "reduce": count,
                   "all_gather": n * count, "reduce_scatter": count, "all_to_all": n * count,
                   "gather": n * count, "scatter": count, "send_recv": count}[kind]
     send = data.make_input(seed, rank, dtype, send_count, reduction)
@@ -106,6 +107,11 @@ def run_collective(comm: Comm, rank: int, nranks: int, *, kind: str, dtype: int,
             comm.all_reduce(send, recv, count, dtype, op)
         elif kind == "broadcast":
             comm.broadcast(send, recv, count, dtype, root)
+        elif kind == "bcast":
+            # ncclBcast works in place: the root's buffer holds its input, the others' a fill
+            buf = send if rank == root else recv
+            comm.bcast(buf, count, dtype, root)
+            recv = buf
         elif kind == "reduce":
             comm.reduce(send, recv, count, dtype, op, root)
         elif kind == "all_gather":
@@ -150,7 +156,7 @@ def expected_collective(nranks: int, rank: int, *, kind: str, dtype: int, count:
     inputs = [data.make_input(seed, r, dtype, send_count, reduction) for r in range(n)]
     if kind == "all_reduce":
         return data.reduce_arrays(inputs, dtype, reduction)
-    if kind == "broadcast":
+    if kind in ("broadcast", "bcast"):
         return inputs[root]
     if kind == "reduce":
         if rank == root:
