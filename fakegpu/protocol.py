@@ -118,6 +118,16 @@ class ProtocolError(Exception):
     """The peer sent bytes that violate the protocol; the connection must be closed."""
 
 
+class VersionError(ProtocolError):
+    """The peer speaks another protocol version. docs/protocol.md: answer with a version-1
+    ERROR frame that states our version, then close."""
+
+    def __init__(self, version: int, request_id: int):
+        super().__init__(f"unsupported protocol version {version} (this side speaks {VERSION})")
+        self.version = version
+        self.request_id = request_id
+
+
 # --------------------------------------------------------------------------- messages
 
 
@@ -544,11 +554,11 @@ class FrameParser:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def _check_header(self, magic, version, msg_type, body_len) -> None:
+    def _check_header(self, magic, version, msg_type, body_len, request_id=0) -> None:
         if magic != MAGIC:
             raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
         if version != VERSION:
-            raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
+            raise VersionError(version, request_id)
         if msg_type not in MESSAGE_NAMES:
             raise ProtocolError(f"unknown message type {msg_type}")
         if self.accepted_types is not None and msg_type not in self.accepted_types:
@@ -608,7 +618,7 @@ class FrameParser:
             if len(data) == HEADER_SIZE + body_len and (
                     msg_type != GROUP or self.payload_router is None
                     or (body_len >= 8 and body_len == 8 + OPDESC_SIZE * _U32.unpack_from(data, HEADER_SIZE)[0])):
-                self._check_header(magic, version, msg_type, body_len)
+                self._check_header(magic, version, msg_type, body_len, rid)
                 return [Frame(msg_type, rid, bytes(data[HEADER_SIZE:]))]
         frames: list = []
         if self._targets is not None:
@@ -626,7 +636,7 @@ class FrameParser:
                 if len(buf) - pos < HEADER_SIZE:
                     break
                 magic, version, msg_type, rid, body_len = HEADER.unpack_from(buf, pos)
-                self._check_header(magic, version, msg_type, body_len)
+                self._check_header(magic, version, msg_type, body_len, rid)
                 pos += HEADER_SIZE
                 hdr = self._hdr = (msg_type, rid, body_len)
             msg_type, rid, body_len = hdr

@@ -147,6 +147,13 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             frames = self.parser.feed(data)
+        except P.VersionError as exc:
+            self.transport.write(C.error_frame(
+                exc.request_id, P.NCCL_INVALID_USAGE,
+                f"fakegpu coordinator speaks protocol version {P.VERSION}; this client sent version "
+                f"{exc.version} (use a shim and coordinator from the same fakegpu release)"))
+            self.close(f"protocol error: {exc}")
+            return
         except P.ProtocolError as exc:
             self.close(f"protocol error: {exc}")
             return
