@@ -38,7 +38,7 @@ def c_api_test(shim_library, tmp_path_factory) -> Path:
     libdir = out.parent / "lib"
     libdir.mkdir()
     (libdir / "libnccl.so.2").symlink_to(lib)
-    cmd = ["cc", "-std=c11", "-D_DEFAULT_SOURCE", "-O1", "-Wall", "-Werror=implicit-function-declaration",
+    cmd = ["cc", "-std=c11", "-D_DEFAULT_SOURCE", "-O1", "-Wall", "-pthread", "-Werror=implicit-function-declaration",
            f"-I{NATIVE / 'include'}", str(NATIVE / "tests" / "c_api_test.c"), "-o", str(out),
            str(libdir / "libnccl.so.2"), f"-Wl,-rpath,{libdir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -114,6 +114,16 @@ def test_c_api_fork_child_gets_its_own_connection(c_api_test, start_coordinator)
     proc = subprocess.run([str(c_api_test), "--fork", "3"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr + coordinator.log()
     assert "init-all 3: OK" in proc.stdout
+
+
+@pytest.mark.parametrize("extra_env", [{}, {"FAKEGPU_STAGING_FORCE_SOCKET": "1"}], ids=["shm", "socket"])
+def test_c_api_one_thread_per_rank(c_api_test, start_coordinator, extra_env):
+    """Rank threads of one process issue calls concurrently on the one connection."""
+    coordinator = start_coordinator("unix")
+    env = dict(os.environ, **coordinator.client_env, **extra_env)
+    proc = subprocess.run([str(c_api_test), "--threads", "3"], env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + coordinator.log()
+    assert "threads 3: OK" in proc.stdout
 
 
 def _init_failure(c_api_test, env_overrides, timeout_s=30):

@@ -494,3 +494,57 @@ ncclResult_t Client::wait(Pending* p) {
 }
 
 }  // namespace fakegpu
+
+namespace fakegpu {
+
+namespace {
+constexpr uint64_t kWindowAlign = 64;
+
+// First fit of `need` bytes in [0, cap) around the sorted busy intervals; UINT64_MAX if none.
+uint64_t find_gap(const std::vector<std::pair<uint64_t, uint64_t>>& busy, uint64_t need, uint64_t cap) {
+  uint64_t at = 0;
+  for (const auto& b : busy) {
+    if (at + need <= b.first) return at;
+    at = (b.second + kWindowAlign - 1) & ~(kWindowAlign - 1);
+  }
+  return at + need <= cap ? at : UINT64_MAX;
+}
+
+void insert_sorted(std::vector<std::pair<uint64_t, uint64_t>>* busy, uint64_t b, uint64_t e) {
+  auto it = std::lower_bound(busy->begin(), busy->end(), std::make_pair(b, e));
+  busy->insert(it, {b, e});
+}
+
+void erase_interval(std::vector<std::pair<uint64_t, uint64_t>>* busy, uint64_t b, uint64_t e) {
+  auto it = std::find(busy->begin(), busy->end(), std::make_pair(b, e));
+  if (it != busy->end()) busy->erase(it);
+}
+}  // namespace
+
+bool Client::reserve_staging(uint64_t in_need, uint64_t out_need, Window* w) {
+  const uint64_t S = staging_bytes_;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_timeout_ms());
+  std::unique_lock<std::mutex> lk(stg_mu_);
+  for (;;) {
+    uint64_t ib = in_need ? find_gap(in_busy_, in_need, S) : 0;
+    uint64_t ob = out_need ? find_gap(out_busy_, out_need, S) : 0;
+    if (ib != UINT64_MAX && ob != UINT64_MAX) {
+      if (in_need) insert_sorted(&in_busy_, ib, ib + in_need);
+      if (out_need) insert_sorted(&out_busy_, ob, ob + out_need);
+      *w = Window{ib, in_need, ob, out_need};
+      return true;
+    }
+    if (stg_cv_.wait_until(lk, deadline) == std::cv_status::timeout) return false;
+  }
+}
+
+void Client::release_staging(const Window& w) {
+  {
+    std::lock_guard<std::mutex> lk(stg_mu_);
+    if (w.in_len) erase_interval(&in_busy_, w.in_base, w.in_base + w.in_len);
+    if (w.out_len) erase_interval(&out_busy_, w.out_base, w.out_base + w.out_len);
+  }
+  stg_cv_.notify_all();
+}
+
+}  // namespace fakegpu

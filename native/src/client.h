@@ -73,8 +73,14 @@ class Client {
   bool read_exact(void* dst, size_t n);
   bool read_discard(size_t n);
 
-  // Frames that use the staging regions run one at a time per process.
-  std::timed_mutex& staging_mutex() { return staging_mu_; }
+  // Several threads may each have a GROUP frame in flight; each frame holds a window of
+  // the input and of the output region for its steps. Blocks (bounded by the wait timeout)
+  // while other frames hold the space; false when it never freed up.
+  struct Window {
+    uint64_t in_base = 0, in_len = 0, out_base = 0, out_len = 0;
+  };
+  bool reserve_staging(uint64_t in_need, uint64_t out_need, Window* w);
+  void release_staging(const Window& w);
   int wait_timeout_ms() const;
 
   // Fork support: forget the inherited connection without touching the parent's.
@@ -116,7 +122,9 @@ class Client {
   std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(64 * 1024);
   size_t rpos_ = 0, rlen_ = 0;
 
-  std::timed_mutex staging_mu_;
+  std::mutex stg_mu_;
+  std::condition_variable stg_cv_;
+  std::vector<std::pair<uint64_t, uint64_t>> in_busy_, out_busy_;  // [begin, end), sorted
 };
 
 }  // namespace fakegpu

@@ -191,13 +191,6 @@ class SimulateMode : public DistMode {
       std::stable_partition(steps.begin(), steps.end(),
                             [&](const Step& st) { return calls[st.call].kind == proto::kSend; });
 
-    // Serialise frames of this process: the staging regions are shared by its threads.
-    std::unique_lock<std::timed_mutex> staging(client->staging_mutex(), std::defer_lock);
-    if (!staging.try_lock_for(std::chrono::milliseconds(client->wait_timeout_ms())))
-      return fail(ncclInvalidUsage,
-                  "fakegpu: another thread of this process held the staging area for too long; when one process "
-                  "drives several ranks, issue their calls from one thread between ncclGroupStart/ncclGroupEnd");
-
     ncclResult_t first_error = ncclSuccess;
     std::string first_msg;
     size_t i = 0;
@@ -214,7 +207,20 @@ class SimulateMode : public DistMode {
         if (st.out_len) out_used = out_at + st.out_len;
       }
       bool partial = i < steps.size();
+      // The frame's window of the regions: other threads of this process may have frames
+      // in flight (one thread per rank), each in its own window.
+      Client::Window win;
+      if (!client->reserve_staging(in_used, out_used, &win))
+        return fail(ncclInvalidUsage,
+                    "fakegpu: the staging regions stayed occupied by other threads' calls for too long; when one "
+                    "process drives several ranks with large messages, issue their calls from one thread between "
+                    "ncclGroupStart/ncclGroupEnd (or raise FAKEGPU_STAGING_CHUNK_BYTES)");
+      for (size_t k = begin; k < i; k++) {
+        if (steps[k].in_len) steps[k].in_offset += win.in_base;
+        if (steps[k].out_len) steps[k].out_offset += win.out_base;
+      }
       ncclResult_t frc = run_frame(client, calls, &steps[begin], i - begin, partial, &first_error, &first_msg);
+      client->release_staging(win);
       if (frc != ncclSuccess) {  // the connection is gone: nothing further can run
         mark_async(calls, frc);
         return frc;

@@ -4,12 +4,14 @@
  *   RANK=r WORLD_SIZE=n c_api_test UNIQUE_ID_FILE      one rank of an n-rank job
  *   c_api_test --init-all N                            one process holding N ranks
  *   c_api_test --fork N                                the same, plus a forked child doing it too
+ *   c_api_test --threads N                             the same, one thread per rank issuing calls
  *
  * Rank 0 writes the unique id to UNIQUE_ID_FILE (atomically), the others wait for it.
  * Every result is checked against a value computed here; the program prints
  * "c_api_test rank R: OK" and exits 0 only when all checks pass.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -478,9 +480,66 @@ static int init_all_mode(int n, int fork_child) {
   return 0;
 }
 
+/* One thread per rank in one process: every thread issues its own calls, concurrently. */
+struct thread_arg {
+  ncclComm_t comm;
+  int rank, n, failures;
+};
+
+static void* rank_thread(void* p) {
+  struct thread_arg* a = p;
+  const size_t counts[] = {1, 1000, 100000};
+  for (int rep = 0; rep < 20; rep++) {
+    size_t count = counts[rep % 3];
+    float* x = malloc(count * sizeof(float));
+    float* y = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) x[i] = (float)(a->rank + i % 7);
+    ncclResult_t r = ncclAllReduce(x, y, count, ncclFloat32, ncclSum, a->comm, NULL);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "thread %d: allreduce: %s\n", a->rank, ncclGetLastError(a->comm));
+      a->failures++;
+    } else {
+      for (size_t i = 0; i < count; i++)
+        if (y[i] != (float)(a->n * (a->n - 1) / 2 + a->n * (int)(i % 7))) {
+          a->failures++;
+          break;
+        }
+    }
+    free(x);
+    free(y);
+  }
+  return NULL;
+}
+
+static int threads_mode(int n) {
+  g_rank = 0;
+  ncclComm_t* comms = calloc(n, sizeof(ncclComm_t));
+  CHECK_NCCL(ncclCommInitAll(comms, n, NULL));
+  pthread_t* th = calloc(n, sizeof(pthread_t));
+  struct thread_arg* args = calloc(n, sizeof(struct thread_arg));
+  for (int r = 0; r < n; r++) {
+    args[r] = (struct thread_arg){comms[r], r, n, 0};
+    pthread_create(&th[r], NULL, rank_thread, &args[r]);
+  }
+  int failures = 0;
+  for (int r = 0; r < n; r++) {
+    pthread_join(th[r], NULL);
+    failures += args[r].failures;
+  }
+  for (int r = 0; r < n; r++) CHECK_NCCL(ncclCommDestroy(comms[r]));
+  EXPECT(failures == 0, "%d wrong results across rank threads", failures);
+  free(comms);
+  free(th);
+  free(args);
+  if (g_failures) return 1;
+  printf("c_api_test threads %d: OK\n", n);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--init-all") == 0) return init_all_mode(atoi(argv[2]), 0);
   if (argc == 3 && strcmp(argv[1], "--fork") == 0) return init_all_mode(atoi(argv[2]), 1);
+  if (argc == 3 && strcmp(argv[1], "--threads") == 0) return threads_mode(atoi(argv[2]));
   if (argc != 2) {
     fprintf(stderr, "usage: RANK=r WORLD_SIZE=n %s UNIQUE_ID_FILE | %s --init-all N\n", argv[0], argv[0]);
     return 2;
