@@ -148,13 +148,14 @@ def _serve(ns, env) -> int:
         metadata=reporting.metadata(transport, address, cluster_config), world_size_hint=world_hint)
     core = Core(token=token, timeout_ms=timeout_ms, recorder=recorder, transport=transport,
                 max_staging_bytes=parse_size(ns.max_staging_bytes, "--max-staging-bytes"),
-                cost_fn=reporting.make_cost_fn(topology), topology=topology)
+                cost_fn=reporting.make_cost_fn(topology), topology=topology, defer_records=True)
     core_box.append(core)
     log = logging.getLogger("fakegpu.coordinator")
 
     def write_reports(why: str) -> None:
         if not report_path or not hasattr(recorder, "write"):
             return
+        core.flush_records()
         try:
             recorder.write(report_path, markdown_path, trace_path)
             log.info("reports written (%s) to %s", why, report_path)

@@ -90,7 +90,7 @@ class Core:
                  default_staging_bytes: int = DEFAULT_STAGING_BYTES,
                  max_staging_bytes: int = MAX_STAGING_BYTES, recorder=None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 transport: str = "unix", cost_fn=None, topology=None):
+                 transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False):
         self.token = token
         self.timeout_ms = int(timeout_ms)
         self.timeout_s = timeout_ms / 1000.0
@@ -98,6 +98,8 @@ class Core:
         self.max_staging_bytes = max_staging_bytes
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.recording = not isinstance(self.recorder, NullRecorder)
+        self.defer_records = defer_records
+        self._records: list = []
         self.clock = clock
         self.wall = wall
         self.transport = transport
@@ -167,6 +169,7 @@ class Core:
         for handle in [h for h, c in self._freed.items() if c is client]:
             del self._freed[handle]
         if self.recording:
+            self.flush_records()
             self.recorder.client_disconnected(client.record, reason)
         why = f"{client.describe()} disconnected ({reason})"
         for member in list(client.members):
@@ -251,6 +254,7 @@ class Core:
         client = Client(conn_id, hello, transport, staging, S, shm)
         self.clients[conn_id] = client
         if self.recording:
+            self.flush_records()
             self.recorder.client_connected(client.record)
         body = struct.pack("<IIQI", conn_id, P.HELLO_FLAG_SHM if shm else 0, S, self.timeout_ms)
         self._send(client, frame_bytes(P.HELLO_OK, frame.request_id, body))
@@ -319,6 +323,7 @@ class Core:
         clients = [a[0] for a in arrivals]
         comm = self._new_comm(rdv.name, clients, assign_global_ranks(clients), None)
         if self.recording:
+            self.flush_records()
             self.recorder.comm_created(comm.record, [now - a[2] for a in arrivals])
         ranks_body = struct.pack(f"<{comm.nranks}i", *comm.record.global_ranks)
         for m, (c, r_id, _) in zip(comm.members, arrivals):
@@ -371,6 +376,7 @@ class Core:
             name = next((a[4] for a in group if a[4]), "")
             new = self._new_comm(name, [a[0].client for a in group], [a[0].global_rank for a in group], comm.id)
             if self.recording:
+                self.flush_records()
                 self.recorder.comm_created(new.record, [now - a[5] for a in group])
             ranks_body = struct.pack(f"<{new.nranks}i", *new.record.global_ranks)
             for m, a in zip(new.members, group):
@@ -882,7 +888,21 @@ class Core:
                    tuple(s.member.rank for s in steps), logical_bytes(kind, d[D_TOTAL], dt.size, comm.nranks),
                    call, _STATUS_BY_RESULT.get(code, "error"), msg)
 
-    def _emit(self, comm, kind_name, dt, redop, count, root, peer, ranks, nbytes, call, status, error):
+    def _emit(self, *args) -> None:
+        if self.defer_records:
+            self._records.append(args)
+        else:
+            self._deliver(*args)
+
+    def flush_records(self) -> None:
+        """Deliver the op records deferred so far (the server calls this after the answers
+        of a batch of frames went out, so accounting never delays a rank)."""
+        if self._records:
+            records, self._records = self._records, []
+            for args in records:
+                self._deliver(*args)
+
+    def _deliver(self, comm, kind_name, dt, redop, count, root, peer, ranks, nbytes, call, status, error):
         try:
             self.recorder.op_completed(OpRecord(
                 comm=comm.record, kind=kind_name, datatype=dt.name,

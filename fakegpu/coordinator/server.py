@@ -166,15 +166,18 @@ class Connection(asyncio.BufferedProtocol):
             had_hello = frame.msg_type == P.HELLO
             apply(core.on_frame(self.id, frame, self.server.transport_name, self._staging_factory))
             if self.closing:
-                return
+                break
             if had_hello:
                 self.parser.max_body_len = core.max_body_len(self.id)
+        if core._records:
+            self.server.schedule_flush()
 
     def connection_lost(self, exc) -> None:
         self.closing = True
         self.server.conns.pop(self.id, None)
         reason = "connection closed" if exc is None else f"connection lost: {exc}"
         self.server.apply(self.core.disconnect(self.id, reason))
+        self.server.schedule_flush()
 
     # -- helpers
     def write_pieces(self, pieces: list) -> None:
@@ -239,12 +242,26 @@ class CoordinatorServer:
         self.report_interval_s = report_interval_s
         self.tick_interval_s = tick_interval_s or max(0.01, min(0.25, core.timeout_s / 8))
         self.conns: dict = {}
+        self._flush_scheduled = False
         self._next_id = 0
         self._server = None
         self._stop: Optional[asyncio.Event] = None
         self._stop_reason = ""
         self._created_dir: Optional[str] = None
         self.listen_address = address
+
+    def schedule_flush(self) -> None:
+        """Account deferred op records once the ready I/O callbacks have run."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        try:
+            self.core.flush_records()
+        except Exception:
+            log.exception("accounting failed")
 
     def next_conn_id(self) -> int:
         self._next_id += 1
@@ -366,6 +383,7 @@ class CoordinatorServer:
             await asyncio.sleep(self.tick_interval_s)
             try:
                 self.apply(self.core.tick())
+                self.core.flush_records()
             except Exception:  # never let a bug stop timeouts from firing
                 log.exception("timeout tick failed")
 
@@ -376,6 +394,7 @@ class CoordinatorServer:
                 self.write_reports("periodic")
 
     async def close(self) -> None:
+        self.core.flush_records()
         if self._server is not None:
             self._server.close()
         for conn in list(self.conns.values()):
