@@ -243,6 +243,9 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
 
     transport = ns.coordinator_transport
     addr = ns.coordinator_addr
+    if not addr and not ns.listen and env.get("FAKEGPU_COORDINATOR_ADDR"):
+        # Already inside a fakegpu launch (or the variables were exported by hand): join it.
+        addr = env["FAKEGPU_COORDINATOR_ADDR"]
     if ns.listen:
         if transport not in (None, "tcp"):
             raise LaunchError("--listen starts a TCP coordinator; it cannot be combined with "
@@ -498,9 +501,18 @@ def coordinator_command(python: str = sys.executable) -> list[str]:
     return [python, "-m", "fakegpu", "coordinator"]
 
 
+# Variables that describe the ranks' side of the launch; the coordinator gets its address and
+# token as flags, and a stale or rank-only value inherited from the shell must not reach it.
+_RANK_ONLY_VARIABLES = ("FAKEGPU_MODE", "FAKEGPU_DIST_MODE", "FAKEGPU_COORDINATOR_ADDR",
+                        "FAKEGPU_COORDINATOR_TRANSPORT", "FAKEGPU_COORDINATOR_TOKEN",
+                        "FAKEGPU_COORDINATOR_TOKEN_FILE")
+
+
 def coordinator_child_environment(cfg: LaunchConfig, token_file: Optional[Path]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(fakegpu_variables(cfg, None, token_file))
+    for name in _RANK_ONLY_VARIABLES:
+        env.pop(name, None)
     env["PYTHONPATH"] = _prepend_path_list(env.get("PYTHONPATH"),
                                            "" if _package_on_default_path() else str(package_root()))
     env["PYTHONUNBUFFERED"] = "1"  # the ready line must reach us immediately

@@ -224,8 +224,17 @@ def _fgpu(args, cwd, shim, *, env=None, timeout=180, **kwargs):
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     for name in [k for k in full_env if k.startswith("FAKEGPU_") and k != "FAKEGPU_NCCL_LIBRARY"]:
         full_env.pop(name)
-    return subprocess.run([sys.executable, "-m", "fakegpu", "run", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+    # Own process group, so that a hang cannot leave the command's processes behind.
+    proc = subprocess.Popen([sys.executable, "-m", "fakegpu", "run", *args], cwd=cwd, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"fgpu {' '.join(args)} did not finish within {timeout} s:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture
