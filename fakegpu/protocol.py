@@ -25,6 +25,10 @@ OPDESC_SIZE = OPDESC_STRUCT.size  # 80
 assert HEADER_SIZE == 16 and OPDESC_SIZE == 80
 
 MAX_STR_BYTES = 0xFFFF
+# Frames other than GROUP / GROUP_DONE / SIMULATE are small; so are descriptor tables (the
+# "+ 16 MiB" of the body limit). Bounding them bounds what a connection can make us buffer.
+MAX_SMALL_BODY = 256 * 1024
+MAX_DESCRIPTOR_BYTES = 16 << 20
 # Before HELLO the staging size is unknown; nothing legitimate is larger than this.
 PRE_HELLO_MAX_BODY = 64 * 1024
 
@@ -112,6 +116,9 @@ REDOP_NAMES = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg", 5: "premulsum"
 FREE_DESTROY = 0
 FREE_ABORT = 1
 FREE_FINALIZE = 2
+
+
+_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE})
 
 
 class ProtocolError(Exception):
@@ -563,9 +570,12 @@ class FrameParser:
             raise ProtocolError(f"unknown message type {msg_type}")
         if self.accepted_types is not None and msg_type not in self.accepted_types:
             raise ProtocolError(f"message type {MESSAGE_NAMES[msg_type]} ({msg_type}) is not accepted in this direction")
-        if body_len > self.max_body_len:
+        limit = self.max_body_len if msg_type in _LARGE_TYPES else min(self.max_body_len, MAX_SMALL_BODY)
+        if msg_type == SIMULATE:
+            limit = min(limit, MAX_DESCRIPTOR_BYTES + 8)
+        if body_len > limit:
             raise ProtocolError(
-                f"{MESSAGE_NAMES[msg_type]} body_len {body_len} exceeds the limit of {self.max_body_len} bytes")
+                f"{MESSAGE_NAMES[msg_type]} body_len {body_len} exceeds the limit of {limit} bytes")
 
     def _feed_direct(self, mv: memoryview, pos: int, frames: list) -> int:
         """Copy payload bytes from mv[pos:] into the targets; return the new position."""
@@ -647,6 +657,9 @@ class FrameParser:
                     break
                 n_ops, _flags = _GROUP_PREFIX.unpack_from(buf, pos)
                 desc_end = 8 + n_ops * OPDESC_SIZE
+                if desc_end - 8 > MAX_DESCRIPTOR_BYTES:
+                    raise ProtocolError(
+                        f"GROUP declares {n_ops} ops: its descriptor table exceeds {MAX_DESCRIPTOR_BYTES} bytes")
                 if desc_end > body_len:
                     raise ProtocolError(
                         f"GROUP declares {n_ops} ops ({desc_end} bytes) but body_len is {body_len}")
