@@ -153,6 +153,27 @@ def test_transport_follows_the_address(tmp_path):
     assert _config(["--coordinator-addr", str(tmp_path / "s.sock")], cwd=tmp_path).transport == "unix"
 
 
+def test_joins_the_coordinator_named_in_the_environment(tmp_path):
+    """A nested fgpu (or exported variables) joins the running coordinator instead of starting one."""
+    cfg = _config([], cwd=tmp_path, environ={"FAKEGPU_COORDINATOR_ADDR": "10.1.2.3:29591",
+                                             "FAKEGPU_COORDINATOR_TOKEN_FILE": str(tmp_path / "tok")})
+    assert (cfg.transport, cfg.coordinator_addr, cfg.token_file) == ("tcp", "10.1.2.3:29591", tmp_path / "tok")
+    cfg = _config(["--listen", "127.0.0.1:0"], cwd=tmp_path, environ={"FAKEGPU_COORDINATOR_ADDR": "/x.sock"})
+    assert cfg.coordinator_addr is None and cfg.listen == "127.0.0.1:0"
+
+
+def test_coordinator_gets_no_rank_only_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKEGPU_DIST_MODE", "proxy")
+    monkeypatch.setenv("FAKEGPU_COORDINATOR_ADDR", "relative-and-stale")
+    monkeypatch.setenv("LD_PRELOAD", "/lib/libnccl.so.2:/opt/other.so")
+    cfg = _config(["--dist-mode", "proxy", "--cluster-config", __file__], cwd=tmp_path)
+    env = launcher.coordinator_child_environment(cfg, tmp_path / "tok")
+    for name in ("FAKEGPU_DIST_MODE", "FAKEGPU_MODE", "FAKEGPU_COORDINATOR_ADDR", "FAKEGPU_COORDINATOR_TOKEN_FILE"):
+        assert name not in env
+    assert env["FAKEGPU_CLUSTER_CONFIG"] == __file__
+    assert env["LD_PRELOAD"] == "/opt/other.so"  # the coordinator never loads the shim
+
+
 def test_rank_environment_preload_and_variables(tmp_path):
     cfg = _config(["--device-count", "8", "--staging-chunk-bytes", "1MiB", "--force-socket-staging",
                    "--coordinator-timeout-ms", "5000"], cwd=tmp_path)
@@ -313,14 +334,17 @@ def test_command_not_found(tmp_path, shim_library):
     assert done.returncode == 2 and "command not found: no-such-program-fgpu" in done.stderr
 
 
-def test_sigterm_is_forwarded_and_coordinator_stopped(tmp_path, shim_library):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signals_are_forwarded_and_coordinator_stopped(tmp_path, shim_library, signum):
+    """Not on a terminal, so SIGINT is forwarded too (on a terminal Ctrl-C reaches the command
+    directly and fgpu does not repeat it)."""
     script = tmp_path / "sleeper.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
         import os, signal, sys, time
         def bye(signum, frame):
             open("got-signal", "w").write(str(signum))
             sys.exit(3)
-        signal.signal(signal.SIGTERM, bye)
+        signal.signal({int(signum)}, bye)
         open("ready", "w").write(os.environ["FAKEGPU_COORDINATOR_ADDR"])
         time.sleep(120)
     """))
@@ -336,13 +360,13 @@ def test_sigterm_is_forwarded_and_coordinator_stopped(tmp_path, shim_library):
             assert time.monotonic() < deadline, "the command never started"
             time.sleep(0.05)
         socket_path = Path((tmp_path / "ready").read_text())
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 3, err
-    assert (tmp_path / "got-signal").read_text() == str(int(signal.SIGTERM))
+    assert (tmp_path / "got-signal").read_text() == str(int(signum))
     assert not socket_path.parent.exists(), "coordinator directory left behind"
 
 
