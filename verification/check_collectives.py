@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -180,6 +181,60 @@ class Checker:
         dist.all_reduce(t, group=group)
         self.expect("subgroup all_reduce", t, sum(_value(i, 3) for i in mine))
         dist.barrier()
+        self.run_coalesced_and_functional()
+        if dist.get_backend() == "fakegpu":
+            self.run_split_group()
+
+    def run_coalesced_and_functional(self) -> None:
+        """The paths DTensor / FSDP2 use: coalescing manager and functional collectives
+        (the latter reach the group from C++ through the pybind trampoline)."""
+        import torch.distributed._functional_collectives as funcol
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        r, w, ranks = self.rank, self.world, range(self.world)
+        outs = [torch.empty(w * 2), torch.empty(w * 3)]
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.all_gather_into_tensor(outs[0], _value(r, 2))
+            dist.all_gather_into_tensor(outs[1], _value(r, 3, offset=5))
+        cm.wait()
+        self.expect("coalesced all_gather 0", outs[0], torch.cat([_value(i, 2) for i in ranks]))
+        self.expect("coalesced all_gather 1", outs[1], torch.cat([_value(i, 3, offset=5) for i in ranks]))
+        outs = [torch.empty(2), torch.empty(1)]
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.reduce_scatter_tensor(outs[0], torch.cat([_value(r, 2, offset=j) for j in ranks]))
+            dist.reduce_scatter_tensor(outs[1], torch.cat([_value(r, 1, offset=3 * j) for j in ranks]))
+        cm.wait()
+        self.expect("coalesced reduce_scatter 0", outs[0], sum(_value(i, 2, offset=r) for i in ranks))
+        self.expect("coalesced reduce_scatter 1", outs[1], sum(_value(i, 1, offset=3 * r) for i in ranks))
+        group = dist.group.WORLD
+        got = funcol.all_reduce(_value(r, 4), "sum", group)
+        self.expect("funcol all_reduce", funcol.wait_tensor(got), sum(_value(i, 4) for i in ranks))
+        got = funcol.all_gather_tensor(_value(r, 2), 0, group)
+        self.expect("funcol all_gather_tensor", funcol.wait_tensor(got), torch.cat([_value(i, 2) for i in ranks]))
+        got = funcol.reduce_scatter_tensor(torch.cat([_value(r, 2, offset=j) for j in ranks]), "sum", 0, group)
+        self.expect("funcol reduce_scatter_tensor", funcol.wait_tensor(got), sum(_value(i, 2, offset=r) for i in ranks))
+        got = funcol.all_gather_into_tensor_coalesced([_value(r, 1), _value(r, 2)], group)
+        self.expect("funcol all_gather coalesced", funcol.wait_tensor(got[1]), torch.cat([_value(i, 2) for i in ranks]))
+        got = funcol.reduce_scatter_tensor_coalesced(
+            [torch.cat([_value(r, 1, offset=j) for j in ranks])], "sum", [0], group)
+        self.expect("funcol reduce_scatter coalesced", funcol.wait_tensor(got[0]), sum(_value(i, 1, offset=r) for i in ranks))
+
+    def run_split_group(self) -> None:
+        """torch's split_group needs an accelerator-bound default group; fakegpu's does it on
+        CPU through ncclCommSplit."""
+        import fakegpu.torch as ft
+
+        r, w = self.rank, self.world
+        halves = [list(range(0, w // 2)), list(range(w // 2, w))]
+        child = ft.split_group(split_ranks=halves, group_desc="halves")
+        mine = halves[0] if r < w // 2 else halves[1]
+        if child is None or child.size() != len(mine):
+            self.failures.append(f"rank {r}: split_group gave {child!r} for {mine}")
+            return
+        t = _value(r, 3)
+        dist.all_reduce(t, group=child)
+        self.expect("split_group all_reduce", t, sum(_value(i, 3) for i in mine))
+        self.expect("split_group ranks", torch.tensor(dist.get_process_group_ranks(child)), torch.tensor(mine))
 
 
 def _supports_group_desc() -> bool:
@@ -193,6 +248,8 @@ def main() -> int:
     parser.add_argument("--backend", default="fakegpu")
     parser.add_argument("--out", help="accepted for run_case.py; nothing is written")
     args = parser.parse_args()
+    # torch 2.13 renamed several functional collectives; the old names still work back to 2.5.
+    warnings.filterwarnings("ignore", category=FutureWarning)
     if args.backend == "fakegpu" and not hasattr(dist.Backend, "FAKEGPU"):
         import fakegpu.torch  # noqa: F401 - registers the backend (fgpu's autoload already did)
     dist.init_process_group(args.backend)
