@@ -318,3 +318,48 @@ def test_usage_doc_single_host_tcp_bandwidth(shim_library, tmp_path):
                                 "--expect-world-size", "2"],
                                env=_env(shim_library), capture_output=True, text=True, timeout=120)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_usage_doc_two_host_bandwidth(two_hosts, shim_library, tmp_path):
+    """The usage doc's two-host bandwidth flow: a coordinator on host A (all interfaces, with a
+    token), `bandwidth --connect` on each host with one --session, then `--shutdown`."""
+    ns_a, ns_b = two_hosts
+    token = tmp_path / "token"
+    launcher.write_token_file(token)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
+    report = tmp_path / "cluster.json"
+    coordinator = NetnsCoordinator(ns_a, f"0.0.0.0:{PORT + 2}", [
+        "--token-file", str(token), "--cluster-config", str(tmp_path / "cluster.yaml"), "--report", str(report),
+        "--timeout-ms", "60000"], _env(shim_library))
+    address = f"{HOST_A}:{PORT + 2}"
+    try:
+        hosts = []
+        for rank, ns in enumerate((ns_a, ns_b)):
+            hosts.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "fakegpu", "bandwidth", "--connect", address,
+                 "--token-file", str(token), "--world-size", "2", "--ranks", str(rank), "--session", "netns-test",
+                 "--size", "1MiB", "--warmup", "1", "--iterations", "3", "--json", str(tmp_path / f"bw{rank}.json")],
+                env=_env(shim_library), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = []
+        for proc in hosts:
+            try:
+                outputs.append(proc.communicate(timeout=240)[0])
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                outputs.append(proc.communicate()[0] + "\n(timed out)")
+        for rank, proc in enumerate(hosts):
+            assert proc.returncode == 0, f"host {rank}:\n{outputs[rank]}\n--- coordinator ---\n{coordinator.output()}"
+        stop = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "fakegpu", "coordinator",
+                               "--shutdown", address, "--token-file", str(token)],
+                              env=_env(shim_library), capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert coordinator.wait(60) == 0, coordinator.output()
+    finally:
+        coordinator.stop()
+    for rank in range(2):
+        result = json.loads((tmp_path / f"bw{rank}.json").read_text())
+        assert result["transport"] == "tcp"
+        assert all(row[p]["wrong"] == 0 for row in result["rows"] for p in ("out_of_place", "in_place"))
+    pair = _node_pair(json.loads(report.read_text()), "host-a", "host-b")
+    # (1 warmup + 3 timed) x (out of place + in place) allreduces of 1 MiB, 1 MiB each way per call.
+    assert min(pair["directions"].values()) >= 8 * (1 << 20)
