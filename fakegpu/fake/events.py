@@ -30,6 +30,7 @@ Lines (``"event"`` says which kind; unknown keys are ignored, unknown events ski
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import IO, Iterable, Iterator, Optional
 
@@ -46,7 +47,10 @@ class EventLog:
     def __init__(self, path: Optional[str] = None):
         self.events: list[dict] = []
         self._lock = threading.Lock()
-        self._file: Optional[IO[str]] = open(path, "w", encoding="utf-8") if path else None
+        self._file: Optional[IO[str]] = None
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._file = open(path, "w", encoding="utf-8")
         self.path = path
 
     def add(self, event: dict) -> None:

@@ -53,10 +53,26 @@ def _dtype_name(array: np.ndarray) -> str:
     return dt.name if dt is not None else str(array.dtype)
 
 
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding a tensor subclass's data.
+
+    torch.distributed's Python API hands Python process groups the caller's tensor as is,
+    which may be an AsyncCollectiveTensor (functional collectives' lazy result, a wrapper
+    with no storage of its own): waiting on it yields the tensor that owns the data."""
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
+        return tensor
+    wait = getattr(tensor, "trigger_wait", None)
+    if callable(wait):
+        return plain(wait())
+    raise TypeError(f"fakegpu_fake: cannot take the data of a {type(tensor).__name__} directly; "
+                    f"pass its local tensor")
+
+
 class _Buf:
-    """A contiguous stand-in for a tensor; ``commit()`` copies a result back into it."""
+    """A contiguous plain stand-in for a tensor; ``set()`` writes a result back into it."""
 
     def __init__(self, tensor: torch.Tensor):
+        tensor = plain(tensor)
         if tensor.device.type != "cpu":
             raise ValueError(f"fakegpu_fake works on CPU tensors, got one on {tensor.device}")
         self.tensor = tensor
@@ -66,7 +82,8 @@ class _Buf:
     def set(self, values: np.ndarray) -> None:
         np.copyto(self.np, np.asarray(values).reshape(-1)[: self.np.size].astype(self.np.dtype, copy=False))
         if self.buffer.data_ptr() != self.tensor.data_ptr():
-            self.tensor.copy_(self.buffer)
+            with torch.no_grad():
+                self.tensor.copy_(self.buffer)
 
 
 def _reduction(opts, tensor: torch.Tensor) -> tuple[str, Optional[float]]:
@@ -434,7 +451,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         self._account("SendRecv", b.np, b.np.size, root=self.rank(), peer=dstRank)
         real = self._real_group()
         if real is not None:
-            return real.send(tensors, dstRank, tag)
+            return real.send([b.buffer], dstRank, tag)
         _exchange.send(self._exchange_key, self.rank(), self.size(), dstRank, b.np)
         return FakeWorldWork(tensors)
 
@@ -443,7 +460,12 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         self._account("SendRecv", b.np, b.np.size, root=srcRank, peer=self.rank())
         real = self._real_group()
         if real is not None:
-            return real.recv(tensors, srcRank, tag)
+            if b.buffer.data_ptr() != b.tensor.data_ptr():
+                real.recv([b.buffer], srcRank, tag).wait()
+                with torch.no_grad():
+                    b.tensor.copy_(b.buffer)
+                return FakeWorldWork(tensors, source_rank=srcRank)
+            return real.recv([b.buffer], srcRank, tag)
         data, _ = _exchange.recv(self._exchange_key, self.rank(), self.size(), srcRank, b.np.size, b.np.dtype)
         b.set(data)
         return FakeWorldWork(tensors, source_rank=srcRank)
