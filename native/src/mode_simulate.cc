@@ -62,10 +62,15 @@ class GroupDoneSink : public BodySink {
     if (left != 0) return bad(err, std::to_string(left) + " unexpected trailing bytes");
     return true;
   }
-  std::vector<int32_t> results;
+  // Per-thread storage reused across calls: no allocation per call in steady state.
+  std::vector<int32_t>& results = results_storage();
   std::string message;
 
  private:
+  static std::vector<int32_t>& results_storage() {
+    thread_local std::vector<int32_t> v;
+    return v;
+  }
   static bool bad(std::string* err, const std::string& why) {
     *err = "GROUP_DONE: " + why;
     return false;
