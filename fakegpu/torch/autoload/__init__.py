@@ -15,6 +15,7 @@ Set ``FAKEGPU_TORCH_AUTOLOAD=0`` to turn both off.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 DISABLE_ENV = "FAKEGPU_TORCH_AUTOLOAD"
@@ -31,6 +32,11 @@ def enabled() -> bool:
 
 def register_quietly() -> None:
     if not enabled():
+        return
+    package = sys.modules.get("fakegpu.torch")
+    if package is not None and not hasattr(package, "register"):
+        # fakegpu.torch is importing torch right now (e.g. `python -m fakegpu.torch.x`);
+        # its own __init__ registers the backend once torch is there.
         return
     try:
         from fakegpu.torch import register
