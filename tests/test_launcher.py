@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -436,3 +437,15 @@ def test_doctor_reports_failures(tmp_path, shim_library):
     assert "[FAIL]" in done.stdout and "check(s) failed" in done.stdout
     done = _fgpu(["doctor", "--no-torch", "--coordinator-addr", str(tmp_path / "none.sock")], tmp_path, shim_library)
     assert done.returncode == 1 and "no coordinator answers" in done.stdout
+
+
+def test_fgpu_console_script(tmp_path):
+    """The `fgpu` console script of an installed fakegpu (pip install .) is the same program."""
+    script = shutil.which("fgpu", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("the fgpu console script is not installed next to this interpreter (pip install .)")
+    done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0 and "usage: fgpu [options] [--] COMMAND" in done.stdout
+    done = subprocess.run([script, "--mode", "turbo", "--", "true"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and "unknown --mode 'turbo'" in done.stderr
