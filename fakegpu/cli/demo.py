@@ -24,7 +24,8 @@ def bundled_topology() -> Optional[Path]:
     import fakegpu
 
     package = Path(fakegpu.__file__).resolve().parent
-    for folder in (package / "cluster_configs", package.parent / "cluster_configs"):
+    # Installed wheel: fakegpu/data/cluster_configs; source checkout: ./cluster_configs.
+    for folder in (package / "data" / "cluster_configs", package.parent / "cluster_configs"):
         if (folder / DEFAULT_TOPOLOGY).is_file():
             return folder / DEFAULT_TOPOLOGY
     try:
