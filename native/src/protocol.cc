@@ -81,12 +81,9 @@ bool decode_header(const uint8_t in[kHeaderSize], uint64_t max_body, FrameHeader
 }
 
 std::vector<uint8_t> frame(uint16_t type, uint32_t request_id, const std::vector<uint8_t>& body) {
-  uint8_t hdr[kHeaderSize];
-  encode_header(hdr, type, request_id, static_cast<uint32_t>(body.size()));
-  std::vector<uint8_t> out;
-  out.reserve(kHeaderSize + body.size());
-  out.insert(out.end(), hdr, hdr + kHeaderSize);
-  out.insert(out.end(), body.begin(), body.end());
+  std::vector<uint8_t> out(kHeaderSize + body.size());
+  encode_header(out.data(), type, request_id, static_cast<uint32_t>(body.size()));
+  if (!body.empty()) memcpy(out.data() + kHeaderSize, body.data(), body.size());
   return out;
 }
 
