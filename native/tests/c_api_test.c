@@ -333,6 +333,13 @@ static void test_simulate(ncclComm_t comm) {
   EXPECT(info.estimatedTime >= 0, "simulate estimate %g", info.estimatedTime);
   unsigned char* yb = (unsigned char*)y;
   EXPECT(yb[0] == 0x7f, "simulated group must not run");
+  /* a call far larger than the buffers: simulation never touches user memory */
+  ncclSimInfo_t big_info = NCCL_SIM_INFO_INITIALIZER;
+  CHECK_NCCL(ncclGroupStart());
+  CHECK_NCCL(ncclAllReduce(x, y, (size_t)1 << 30, ncclFloat32, ncclSum, comm, NULL));
+  CHECK_NCCL(ncclGroupSimulateEnd(&big_info));
+  EXPECT(big_info.estimatedTime > info.estimatedTime, "4 GiB estimate %g <= 1 KiB estimate %g", big_info.estimatedTime,
+         info.estimatedTime);
   /* an older, smaller simInfo: the estimate lies past its size and must stay untouched */
   ncclSimInfo_t old_info = NCCL_SIM_INFO_INITIALIZER;
   old_info.size = offsetof(ncclSimInfo_t, estimatedTime);
