@@ -540,6 +540,7 @@ class CoordinatorProcess:
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._echo = echo
         self._stop_reading = threading.Event()
+        self._ready_seen = False
         if log_path is None:
             self.proc = subprocess.Popen(
                 argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -560,7 +561,9 @@ class CoordinatorProcess:
         self._tail.append(line)
         if self._echo is not None:
             self._echo(line)
-        self._lines.put(line)
+        if not self._ready_seen:  # only the start-up lines are waited on; later ones stay in the tail
+            self._ready_seen = READY_MARKER in line
+            self._lines.put(line)
 
     def _read_pipe(self) -> None:
         assert self.proc.stdout is not None
@@ -684,7 +687,11 @@ def start_coordinator(cfg: LaunchConfig, transport: str, address: str, token_fil
         for var in ("FAKEGPU_CLUSTER_REPORT_PATH", "FAKEGPU_CLUSTER_REPORT_MARKDOWN_PATH", "FAKEGPU_TRACE_PATH"):
             env.pop(var, None)
     coordinator = CoordinatorProcess(argv, env, transport, echo=echo, log_path=log_path)
-    coordinator.wait_ready(cfg.startup_timeout_s)
+    try:
+        coordinator.wait_ready(cfg.startup_timeout_s)
+    except BaseException:  # including Ctrl-C while we wait: never leave it running
+        coordinator.kill()
+        raise
     if transport == "unix" and not coordinator.address:
         coordinator.address = address
     return coordinator
