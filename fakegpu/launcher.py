@@ -39,9 +39,12 @@ from typing import Callable, Mapping, Optional, Sequence
 import fakegpu
 
 COMPUTE_MODES = ("simulate", "hybrid")
-# Distribution modes, and whether each one needs a coordinator (fake runs entirely inside the
-# shim; passthrough lets real NCCL work and keeps per-rank accounting in the shim).
-DIST_MODES = {"simulate": True, "proxy": True, "passthrough": False, "fake": False}
+# Distribution modes, and whether each one needs a coordinator. fake and real_pp_fake_spmd
+# complete the fake axes inside each process (the real pipeline traffic of the latter goes
+# through torch's own backend) and write the report themselves; passthrough lets real NCCL
+# work and keeps per-rank accounting in the shim.
+DIST_MODES = {"simulate": True, "proxy": True, "passthrough": False, "fake": False, "real_pp_fake_spmd": False}
+DEFAULT_MEMORY_CAPTURE_NAME = "fakegpu-memory.json"
 TRANSPORTS = ("unix", "tcp")
 
 DEFAULT_REPORT_NAME = "fakegpu-report.json"
@@ -134,6 +137,7 @@ class LaunchConfig:
     force_socket_staging: bool = False
     token_file: Optional[Path] = None
     keep_coordinator: bool = False
+    memory_capture: Optional[Path] = None
     max_operations: Optional[int] = None
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     verbose: bool = False
@@ -179,6 +183,11 @@ def add_launch_options(parser) -> None:
     g.add_argument("--token-file", metavar="PATH",
                    help="file holding the coordinator token (created 0600 if missing when fgpu starts "
                         "the coordinator); share it with the other hosts of a multi-host run")
+    g.add_argument("--capture-memory", action="store_true",
+                   help=f"write memory captures (fakegpu.fake.memory.capture) to ./{DEFAULT_MEMORY_CAPTURE_NAME} "
+                        "(FAKEGPU_MEMORY_CAPTURE_PATH)")
+    g.add_argument("--memory-capture-path", metavar="PATH",
+                   help="where --capture-memory writes (implies --capture-memory)")
     g.add_argument("--keep-coordinator", action="store_true",
                    help="leave the coordinator fgpu started running after the command ends")
     g.add_argument("--coordinator-startup-timeout", metavar="SECONDS", default=None,
@@ -328,6 +337,11 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
         if not cfg.token_file.exists() and not cfg.token_file.parent.is_dir():
             raise LaunchError(f"--token-file {token_file}: directory {cfg.token_file.parent} does not exist")
 
+    capture = pick(ns.memory_capture_path, "FAKEGPU_MEMORY_CAPTURE_PATH")
+    if capture or ns.capture_memory:
+        cfg.memory_capture = _absolute(capture, cwd) if capture else cwd / DEFAULT_MEMORY_CAPTURE_NAME
+        _check_writable_parent(cfg.memory_capture, "--memory-capture-path")
+
     cfg.keep_coordinator = bool(ns.keep_coordinator)
     if ns.coordinator_startup_timeout is not None:
         try:
@@ -457,6 +471,8 @@ def fakegpu_variables(cfg: LaunchConfig, endpoint: Optional[Endpoint], token_fil
         env["FAKEGPU_STAGING_CHUNK_BYTES"] = str(cfg.staging_chunk_bytes)
     if cfg.force_socket_staging:
         env["FAKEGPU_STAGING_FORCE_SOCKET"] = "1"
+    if cfg.memory_capture is not None:
+        env["FAKEGPU_MEMORY_CAPTURE_PATH"] = str(cfg.memory_capture)
     return env
 
 
@@ -779,6 +795,8 @@ def report_files(cfg: LaunchConfig) -> list[tuple[str, Path]]:
     files = [("JSON report", cfg.report), ("Markdown report", cfg.markdown_path)]
     if cfg.trace is not None:
         files.append(("trace", cfg.trace))
+    if cfg.memory_capture is not None:
+        files.append(("memory captures", cfg.memory_capture))
     return files
 
 

@@ -148,6 +148,17 @@ def test_options_fall_back_to_environment(tmp_path):
     assert cfg.device_count == 2
 
 
+def test_fake_world_modes_and_memory_capture(tmp_path):
+    for mode in ("fake", "real_pp_fake_spmd", "passthrough"):
+        assert not _config(["--dist-mode", mode], cwd=tmp_path).needs_coordinator
+    cfg = _config(["--dist-mode", "fake", "--capture-memory"], cwd=tmp_path)
+    env = launcher.fakegpu_variables(cfg, None, None)
+    assert env["FAKEGPU_MEMORY_CAPTURE_PATH"] == str(tmp_path / "fakegpu-memory.json")
+    assert "FAKEGPU_COORDINATOR_ADDR" not in env
+    cfg = _config(["--memory-capture-path", "mem.json"], cwd=tmp_path)
+    assert cfg.memory_capture == tmp_path / "mem.json"
+
+
 def test_transport_follows_the_address(tmp_path):
     assert _config(["--coordinator-addr", "10.0.0.1:29591"], cwd=tmp_path).transport == "tcp"
     assert _config(["--listen", "127.0.0.1:0"], cwd=tmp_path).transport == "tcp"
