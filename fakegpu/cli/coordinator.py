@@ -136,6 +136,9 @@ def _serve(ns, env) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--cluster-config {cluster_config}: {exc}") from None
 
+    # inf - inf, 0 * inf, integer-like overflow in floats: results NCCL produces silently.
+    import numpy as np
+    np.seterr(all="ignore")
     core_box: list = []
 
     def world_hint() -> int:
