@@ -946,6 +946,10 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
             log_path = private_dir / "coordinator.log"
         coordinator = start_coordinator(cfg, cfg.transport, address, token_file, echo=echo, log_path=log_path)
         endpoint = Endpoint(cfg.transport, coordinator.address or address)
+        if cfg.transport == "tcp" and not is_loopback_host(parse_tcp_address(endpoint.address)[0]):
+            # Other hosts can join; tell the user how (the token never goes on a command line).
+            log(f"coordinator listening on {endpoint.address}; on the other hosts run "
+                f"`fgpu --coordinator-addr HOST:PORT --token-file PATH -- ...` with a copy of {token_file}")
         return PreparedLaunch(cfg, endpoint, token_file, coordinator, private_dir)
     except BaseException:
         if private_dir is not None:

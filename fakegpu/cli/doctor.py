@@ -15,7 +15,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import fakegpu
 from fakegpu import launcher
