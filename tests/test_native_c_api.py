@@ -94,6 +94,12 @@ def test_c_api_ranks(c_api_test, start_coordinator, tmp_path, nranks, extra_env)
     run_c_ranks(c_api_test, nranks, coordinator, tmp_path, extra_env)
 
 
+def test_abort_from_another_thread_wakes_a_blocked_call(c_api_test, start_coordinator, tmp_path):
+    """torch's watchdog pattern: ncclCommAbort on one thread fails the call blocked on another."""
+    coordinator = start_coordinator("unix")
+    run_c_ranks(c_api_test, 2, coordinator, tmp_path, {"C_API_TEST_ABORT": "1"}, timeout_s=60)
+
+
 def test_c_api_over_tcp(c_api_test, start_coordinator, tmp_path):
     coordinator = start_coordinator("tcp")
     run_c_ranks(c_api_test, 2, coordinator, tmp_path, {"C_API_TEST_BIG_COUNT": "100000"})

@@ -5,6 +5,7 @@
  *   c_api_test --init-all N                            one process holding N ranks
  *   c_api_test --fork N                                the same, plus a forked child doing it too
  *   c_api_test --threads N                             the same, one thread per rank issuing calls
+ *   C_API_TEST_ABORT=1 with 2 ranks: a watchdog thread aborts a blocked allreduce
  *
  * Rank 0 writes the unique id to UNIQUE_ID_FILE (atomically), the others wait for it.
  * Every result is checked against a value computed here; the program prints
@@ -543,6 +544,43 @@ static int threads_mode(int n) {
   return 0;
 }
 
+/* Watchdog pattern: rank 0 blocks in an allreduce that rank 1 never joins; another thread
+   of rank 0 aborts the communicator, which must wake the blocked call with an error. */
+static void* abort_later(void* p) {
+  usleep(1000 * 1000);
+  ncclResult_t r = ncclCommAbort((ncclComm_t)p);
+  if (r != ncclSuccess) fprintf(stderr, "ncclCommAbort: %s\n", ncclGetLastError(NULL));
+  return NULL;
+}
+
+static int abort_mode(ncclComm_t comm, int rank) {
+  if (rank == 0) {
+    pthread_t th;
+    pthread_create(&th, NULL, abort_later, comm);
+    float x = 1, y = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(th, NULL);
+    double waited = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    EXPECT(r != ncclSuccess, "allreduce on an aborted communicator succeeded");
+    EXPECT(waited < 15, "the blocked allreduce returned only after %.1f s", waited);
+    fprintf(stderr, "rank 0: blocked allreduce returned %s after %.1f s: %s\n", ncclGetErrorString(r), waited,
+            ncclGetLastError(NULL));
+    EXPECT(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL) == ncclInvalidUsage,
+           "an aborted communicator must refuse new calls");
+  } else {
+    usleep(3000 * 1000); /* never joins the allreduce */
+    ncclResult_t async = ncclSuccess;
+    CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+    CHECK_NCCL(ncclCommAbort(comm));
+  }
+  if (g_failures) return 1;
+  printf("c_api_test rank %d: OK\n", rank);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--init-all") == 0) return init_all_mode(atoi(argv[2]), 0);
   if (argc == 3 && strcmp(argv[1], "--fork") == 0) return init_all_mode(atoi(argv[2]), 1);
@@ -582,6 +620,7 @@ int main(int argc, char** argv) {
   } else {
     CHECK_NCCL(ncclCommInitRank(&comm, n, id, rank));
   }
+  if (getenv("C_API_TEST_ABORT")) return abort_mode(comm, rank);
   run_rank_tests(comm, rank, n);
   ncclResult_t async = ncclInProgress;
   CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
