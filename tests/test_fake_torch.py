@@ -159,6 +159,7 @@ def test_small_world_collectives_ddp_groups_and_report(tmp_path):
     assert again["links"] == data["links"] and again["node_pairs"] == data["node_pairs"]
 
 
+@pytest.mark.slow   # ~25 s alone, 80+ s on a loaded 2-core CI box
 def test_1024_rank_world_fsdp_tp_pp_from_one_process(tmp_path):
     report = tmp_path / "r.json"
     mem = tmp_path / "mem.json"
