@@ -48,7 +48,7 @@ DEFAULT_MEMORY_CAPTURE_NAME = "fakegpu-memory.json"
 TRANSPORTS = ("unix", "tcp")
 
 DEFAULT_REPORT_NAME = "fakegpu-report.json"
-DEFAULT_STARTUP_TIMEOUT_S = 30.0
+DEFAULT_STARTUP_TIMEOUT_S = 60.0
 DEFAULT_STOP_TIMEOUT_S = 60.0
 READY_MARKER = "fakegpu coordinator listening on"
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.

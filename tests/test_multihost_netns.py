@@ -146,7 +146,7 @@ def _env(shim: str, **extra) -> dict:
 class NetnsCoordinator:
     """`python -m fakegpu coordinator --listen` inside a namespace."""
 
-    def __init__(self, ns: str, address: str, args: list[str], env: dict, timeout_s: float = 30):
+    def __init__(self, ns: str, address: str, args: list[str], env: dict, timeout_s: float = 120):
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "fakegpu", "coordinator", "--listen", address, *args],
@@ -154,8 +154,10 @@ class NetnsCoordinator:
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         if not self.ready.wait(timeout_s):
+            status = self.proc.poll()
             self.stop()
-            pytest.fail("the coordinator did not start listening:\n" + self.output())
+            pytest.fail(f"the coordinator did not start listening within {timeout_s:g} s "
+                        f"(exit status {status}):\n" + self.output())
 
     def _read(self):
         for line in self.proc.stdout:
