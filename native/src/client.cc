@@ -419,7 +419,8 @@ Client::ReadOutcome Client::read_one_frame() {
   }
   if (!ok) {
     mark_dead("fakegpu: bad " + std::string(proto::type_name(h.type)) + " frame from the coordinator at " +
-              address_ + (err.empty() ? ": connection broke" : ": " + err));
+                  address_ + (err.empty() ? ": connection broke" : ": " + err),
+              t);
     return kDead;
   }
   if (t) {
@@ -431,7 +432,7 @@ Client::ReadOutcome Client::read_one_frame() {
   return kFrame;
 }
 
-void Client::mark_dead(const std::string& why) {
+void Client::mark_dead(const std::string& why, Pending* reader_claim) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!dead_) {
     dead_ = true;
@@ -439,6 +440,9 @@ void Client::mark_dead(const std::string& why) {
     if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // wake anyone blocked on the socket
   }
   for (Pending* q : pending_) {
+    // A request the reader is filling right now stays its business: the reader's receive
+    // fails (the socket is shut down) and it resolves the request itself.
+    if (q->claimed && q != reader_claim) continue;
     if (!q->done) {
       q->fail = ncclSystemError;
       q->fail_msg = dead_msg_;

@@ -95,7 +95,8 @@ class Client {
   ReadOutcome read_one_frame();
   // Refill rbuf_; >0 bytes, 0 EOF, -1 error (errno), -2 receive timeout.
   ssize_t fill();
-  void mark_dead(const std::string& why);
+  // Fails every outstanding request; `reader_claim` is the one the calling reader holds.
+  void mark_dead(const std::string& why, Pending* reader_claim = nullptr);
   void unregister(Pending* p);
   bool send_all(const iovec* iov, int iovcnt, std::string* err);
 
