@@ -60,6 +60,16 @@ _LOG_PREFIX = "fgpu: "
 class LaunchError(Exception):
     """A problem with the user's options or environment; the message says what to fix."""
 
+    exit_status = 2
+
+
+class CommandNotRunnable(LaunchError):
+    """The command could not be started; exit status as a shell gives it (127 / 126)."""
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
 
 # ---------------------------------------------------------------------------------------------
 # Parsing helpers
@@ -760,9 +770,9 @@ def run_command(command: Sequence[str], env: Mapping[str, str]) -> int:
     try:
         proc = subprocess.Popen(list(command), env=dict(env))
     except FileNotFoundError:
-        raise LaunchError(f"command not found: {command[0]}") from None
+        raise CommandNotRunnable(f"command not found: {command[0]}", 127) from None
     except PermissionError:
-        raise LaunchError(f"command is not executable: {command[0]}") from None
+        raise CommandNotRunnable(f"command is not executable: {command[0]}", 126) from None
 
     def forward(signum, _frame):
         if signum == signal.SIGINT and _sigint_came_from_terminal():

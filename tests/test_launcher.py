@@ -343,7 +343,10 @@ def test_exit_status_propagates(tmp_path, job, shim_library):
 
 def test_command_not_found(tmp_path, shim_library):
     done = _fgpu(["--", "no-such-program-fgpu"], tmp_path, shim_library)
-    assert done.returncode == 2 and "command not found: no-such-program-fgpu" in done.stderr
+    assert done.returncode == 127 and "command not found: no-such-program-fgpu" in done.stderr
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    done = _fgpu(["-q", "--", "./not-executable"], tmp_path, shim_library)
+    assert done.returncode == 126 and "not executable" in done.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

@@ -55,7 +55,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
         return launcher.launch(cfg, command)
     except launcher.LaunchError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_status
 
 
 def console_main() -> None:
