@@ -61,7 +61,11 @@ JOB = textwrap.dedent("""
         json.dump({"exact": bool(np.array_equal(recv, expected)),
                    "env": {k: v for k, v in os.environ.items()
                            if k.startswith("FAKEGPU_") or k in ("LD_PRELOAD", "PYTHONPATH")},
-                   "cwd": os.getcwd()}, f)
+                   "cwd": os.getcwd(),
+                   "modes": {name: os.stat(path).st_mode & 0o777 for name, path in (
+                       ("socket_dir", os.path.dirname(os.environ["FAKEGPU_COORDINATOR_ADDR"])),
+                       ("token_file", os.environ["FAKEGPU_COORDINATOR_TOKEN_FILE"]))
+                       if os.environ["FAKEGPU_COORDINATOR_TRANSPORT"] == "unix"}}, f)
     sys.exit(int(os.environ.get("JOB_EXIT", "0")))
 """)
 
@@ -314,6 +318,7 @@ def test_fgpu_runs_four_ranks_with_relative_paths(tmp_path, job, shim_library):
         assert seen["FAKEGPU_COORDINATOR_TRANSPORT"] == "unix"
         sock_dir = Path(seen["FAKEGPU_COORDINATOR_ADDR"]).parent
         assert Path(seen["FAKEGPU_COORDINATOR_TOKEN_FILE"]).parent == sock_dir
+        assert result["modes"] == {"socket_dir": 0o700, "token_file": 0o600}
     assert not sock_dir.exists(), "the private socket directory must be removed afterwards"
     _check_report(tmp_path / "reports" / "run.json", world=4, nodes=2)
     assert (tmp_path / "reports" / "run.md").is_file()
