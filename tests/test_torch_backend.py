@@ -156,3 +156,33 @@ def test_process_group_rejects_gpu_style_misuse_with_clear_errors():
     pg.setGroupName("7")  # no description yet: stays unconnected
     assert pg.comm_name == "group_7"
     assert "not connected" in repr(pg)
+
+
+def _write_result(folder, rank, value, losses=(1.0,)):
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"params": {"w": torch.full((3,), value)}, "losses": list(losses)}, folder / f"rank{rank}.pt")
+
+
+def test_runner_comparison_exact_tolerant_and_failing(tmp_path):
+    sys.path.insert(0, str(REPO / "verification"))
+    import run_case
+
+    exact = run_case.Case("x.py", nproc=2)
+    tolerant = run_case.Case("x.py", nproc=2, tolerance=(1e-5, 1e-7))
+    gloo, fake = tmp_path / "gloo", tmp_path / "fake"
+    for r in range(2):
+        _write_result(gloo, r, 1.0)
+        _write_result(fake, r, 1.0)
+    assert run_case.compare(exact, gloo, fake) == "bit-exact"
+    _write_result(fake, 1, 1.0 + 1e-7)
+    with pytest.raises(run_case.CaseFailure, match="rank1 w: not bit-identical"):
+        run_case.compare(exact, gloo, fake)
+    assert "within rtol" in run_case.compare(tolerant, gloo, fake)
+    _write_result(fake, 1, 1.5)
+    with pytest.raises(run_case.CaseFailure, match="beyond rtol"):
+        run_case.compare(tolerant, gloo, fake)
+    (fake / "rank1.pt").unlink()
+    with pytest.raises(run_case.CaseFailure, match="left no rank1.pt"):
+        run_case.compare(tolerant, gloo, fake)

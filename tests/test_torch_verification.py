@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "verification"))
 import run_case  # noqa: E402
 
 
-@pytest.mark.parametrize("name", list(run_case.CASES))
+@pytest.mark.parametrize("name", run_case.SUITE)
 def test_case_matches_gloo(name, tmp_path, shim_library, monkeypatch):
     monkeypatch.setenv("FAKEGPU_NCCL_LIBRARY", shim_library)
     try:

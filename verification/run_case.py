@@ -48,6 +48,8 @@ class Case:
 CASES: dict[str, Case] = {
     "collectives": Case("check_collectives.py", nproc=4, compare_with_gloo=False,
                         why="every collective, dtype and op checked against locally computed values"),
+    "ddp_all": Case("ddp.py", ("--variant", "all"),
+                    why="the five DDP variants below, one after another in one torchrun job"),
     "ddp": Case("ddp.py", ("--variant", "plain")),
     "ddp_no_sync": Case("ddp.py", ("--variant", "no_sync")),
     "ddp_find_unused": Case("ddp.py", ("--variant", "find_unused")),
@@ -64,6 +66,12 @@ CASES: dict[str, Case] = {
     "pp_1f1b": Case("pp.py", ("--schedule", "1f1b")),
     "hsdp": Case("hsdp.py", nproc=4),
 }
+
+
+# What --all and the pytest suite run: every workload once (the single DDP variants above are
+# covered by ddp_all, which saves one torchrun start per variant and backend).
+SUITE = ["collectives", "ddp_all", "ddp_4rank", "fsdp1", "fsdp2", "fsdp2_bf16", "tp",
+         "pp_gpipe", "pp_1f1b", "hsdp"]
 
 
 class CaseFailure(Exception):
@@ -192,13 +200,21 @@ def compare(case: Case, gloo: Path, fake: Path) -> str:
 
     exact = True
     worst = (0.0, "")
-    for rank in range(case.nproc):
-        a = torch.load(gloo / f"rank{rank}.pt")
-        b = torch.load(fake / f"rank{rank}.pt")
+    results = sorted(p.relative_to(gloo) for p in gloo.rglob("rank*.pt"))
+    expected = {f"rank{r}.pt" for r in range(case.nproc)}
+    if not results or {p.name for p in results} != expected:
+        raise CaseFailure(f"gloo run left {[str(p) for p in results]}, expected {sorted(expected)}")
+    for rel in results:
+        where = f"{rel.parent}/" if str(rel.parent) != "." else ""
+        rank = f"{where}{rel.stem}"
+        if not (fake / rel).is_file():
+            raise CaseFailure(f"the fakegpu run left no {rel}")
+        a = torch.load(gloo / rel)
+        b = torch.load(fake / rel)
         if set(a["params"]) != set(b["params"]):
-            raise CaseFailure(f"rank {rank}: parameter names differ: {sorted(a['params'])} vs {sorted(b['params'])}")
-        pairs = [(f"rank {rank} {name}", a["params"][name], b["params"][name]) for name in a["params"]]
-        pairs.append((f"rank {rank} losses", torch.tensor(a["losses"]), torch.tensor(b["losses"])))
+            raise CaseFailure(f"{rank}: parameter names differ: {sorted(a['params'])} vs {sorted(b['params'])}")
+        pairs = [(f"{rank} {name}", a["params"][name], b["params"][name]) for name in a["params"]]
+        pairs.append((f"{rank} losses", torch.tensor(a["losses"]), torch.tensor(b["losses"])))
         for what, x, y in pairs:
             if x.shape != y.shape:
                 raise CaseFailure(f"{what}: shape {tuple(x.shape)} (gloo) vs {tuple(y.shape)} (fakegpu)")
@@ -237,16 +253,17 @@ def run_case(name: str, workdir: Optional[Path] = None, cluster_config: Optional
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Compare verification workloads under gloo and fakegpu.")
     parser.add_argument("cases", nargs="*", help=f"cases to run: {', '.join(CASES)}")
-    parser.add_argument("--all", action="store_true", help="run every case")
+    parser.add_argument("--all", action="store_true", help=f"run the suite: {', '.join(SUITE)}")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--workdir", help="keep outputs, logs and reports here (default: a temp folder)")
     parser.add_argument("--cluster-config", help="cluster YAML for the fakegpu coordinator")
     args = parser.parse_args(argv)
     if args.list:
         for name, case in CASES.items():
-            print(f"{name:18} {case.nproc} ranks  {case.script} {' '.join(case.args)}")
+            print(f"{name:18} {case.nproc} ranks  {case.script} {' '.join(case.args)}"
+                  f"{'' if name in SUITE else '  (not in --all)'}")
         return 0
-    names = list(CASES) if args.all else args.cases
+    names = SUITE if args.all else args.cases
     unknown = [n for n in names if n not in CASES]
     if unknown or not names:
         parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}" if unknown
