@@ -203,11 +203,6 @@ class Core:
                 self._expire_split(item)
         return self._out
 
-    def staging_of(self, conn_id: int):
-        """(client, is_shm) for the payload router; (None, False) before HELLO."""
-        client = self.clients.get(conn_id)
-        return client
-
     def max_body_len(self, conn_id: int) -> int:
         client = self.clients.get(conn_id)
         if client is None:
@@ -786,8 +781,8 @@ class Core:
         log.warning("timeout: %s", msg)
         for a in rdv.arrivals.values():
             self._error(a[0].client, a[1], P.NCCL_TIMEOUT, msg)
-        # Keep the members' split counters aligned: late arrivals of this split fail at once.
-        # (They will form a new rendezvous with seq == rdv.seq and time out again otherwise.)
+        # A member that arrives after this has timed out starts a new rendezvous with the
+        # same sequence number, which times out in turn and names the members missing then.
 
     # ------------------------------------------------------------------ simulate
 
