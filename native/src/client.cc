@@ -161,7 +161,10 @@ ncclResult_t Client::connect_new(Client** out) {
     int sfd = shm_open(c->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (sfd >= 0) {
       size_t len = 2 * staging;
-      if (ftruncate(sfd, static_cast<off_t>(len)) == 0) {
+      // Reserve the pages now: a sparse segment on a small /dev/shm (containers default to
+      // 64 MB) would die with SIGBUS at the first large copy. If it does not fit, use socket
+      // staging instead.
+      if (posix_fallocate(sfd, 0, static_cast<off_t>(len)) == 0) {
         void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
         if (p != MAP_FAILED) {
           c->shm_base_ = static_cast<uint8_t*>(p);
