@@ -904,6 +904,9 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
         # 1. An existing coordinator at --coordinator-addr?
         if cfg.coordinator_addr:
             exists = cfg.transport == "tcp" or Path(cfg.coordinator_addr).exists()
+            if cfg.transport == "unix" and exists and not stat.S_ISSOCK(os.stat(cfg.coordinator_addr).st_mode):
+                raise LaunchError(f"--coordinator-addr {cfg.coordinator_addr} exists and is not a socket; "
+                                  "choose another path")
             token_file = cfg.token_file if cfg.token_file and cfg.token_file.exists() else None
             if exists:
                 answered, detail = ping(cfg.coordinator_addr, token_file)
@@ -919,9 +922,11 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
                 if cfg.transport == "tcp" and not _can_listen_here(cfg.coordinator_addr):
                     raise LaunchError(f"no coordinator answers at {cfg.coordinator_addr} ({detail or 'no answer'}) "
                                       "and it is not an address of this host to start one on")
-                if cfg.transport == "unix":
+                if cfg.transport == "unix" and "refused" not in detail.lower():
+                    # Something is there but it is not a dead socket (that would refuse): do not take it over.
                     raise LaunchError(f"{cfg.coordinator_addr} exists but no coordinator answers there "
-                                      f"({detail or 'no answer'}); remove the stale socket or choose another path")
+                                      f"({detail or 'no answer'}); remove it or choose another path")
+                # A socket left by a coordinator that died: the new coordinator replaces it.
 
         # 2. Start our own.
         if cfg.transport == "unix":

@@ -421,6 +421,22 @@ def test_reuses_a_running_coordinator(tmp_path, job, shim_library):
     _check_report(tmp_path / "shared.json", world=2)
 
 
+def test_stale_socket_is_replaced_but_other_files_are_not(tmp_path, job, shim_library):
+    import socket
+
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as dead:  # bound, never listening: what a killed coordinator leaves
+        dead.bind(str(stale))
+    done = _fgpu(["-q", "--coordinator-addr", str(stale), "--", sys.executable, str(job)], tmp_path, shim_library,
+                 env=dict(os.environ, JOB_WORLD="2", JOB_OUT_DIR=str(tmp_path / "out")))
+    assert done.returncode == 0, done.stderr
+    assert all(r["exact"] for r in _rank_results(tmp_path / "out", 2))
+    (tmp_path / "precious").write_text("not a socket")
+    done = _fgpu(["--coordinator-addr", str(tmp_path / "precious"), "--", "true"], tmp_path, shim_library)
+    assert done.returncode == 2 and "exists and is not a socket" in done.stderr
+    assert (tmp_path / "precious").read_text() == "not a socket"
+
+
 def test_fake_mode_starts_no_coordinator(tmp_path, shim_library):
     probe = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('FAKEGPU_')}))"
     done = _fgpu(["--dist-mode", "fake", "-q", "--", sys.executable, "-c", probe], tmp_path, shim_library,
