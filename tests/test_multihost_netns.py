@@ -13,9 +13,11 @@ Also here: the usage doc's single-host TCP bandwidth command, end to end.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -364,3 +366,68 @@ def test_usage_doc_two_host_bandwidth(two_hosts, shim_library, tmp_path):
     pair = _node_pair(json.loads(report.read_text()), "host-a", "host-b")
     # (1 warmup + 3 timed) x (out of place + in place) allreduces of 1 MiB, 1 MiB each way per call.
     assert min(pair["directions"].values()) >= 8 * (1 << 20)
+
+
+TORCH_TRAIN = textwrap.dedent("""
+    import json, os
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("fakegpu")   # no fakegpu import: fgpu's autoload registers the backend
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.arange(4096, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    ok = torch.equal(t, 2 * torch.arange(4096, dtype=torch.float32) + 1)
+    dist.destroy_process_group()
+    json.dump({"ok": bool(ok)}, open(os.path.join(os.environ["OUT_DIR"], "torch%d.json" % rank), "w"))
+""")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_usage_doc_two_host_torchrun(two_hosts, shim_library, tmp_path):
+    """The usage doc's two-host torchrun example: one coordinator on host A, `fgpu
+    --coordinator-addr ... -- torchrun --nnodes 2 --node-rank N` on each host."""
+    ns_a, ns_b = two_hosts
+    token = tmp_path / "token"
+    launcher.write_token_file(token)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
+    (tmp_path / "train.py").write_text(TORCH_TRAIN)
+    (tmp_path / "out").mkdir()
+    report = tmp_path / "cluster.json"
+    address = f"{HOST_A}:{PORT + 3}"
+    coordinator = NetnsCoordinator(ns_a, address, [
+        "--token-file", str(token), "--cluster-config", str(tmp_path / "cluster.yaml"), "--report", str(report),
+        "--timeout-ms", "120000"], _env(shim_library))
+    try:
+        hosts = []
+        for node_rank, ns in enumerate((ns_a, ns_b)):
+            hosts.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "fakegpu", "run", "-q",
+                 "--coordinator-addr", address, "--token-file", str(token), "--",
+                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--node-rank", str(node_rank), "--master-addr", HOST_A, "--master-port", str(PORT + 4),
+                 "--max-restarts", "0", "train.py"],
+                env=_env(shim_library, OUT_DIR=str(tmp_path / "out")), cwd=tmp_path,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        outputs = []
+        for proc in hosts:
+            try:
+                outputs.append(proc.communicate(timeout=300)[0])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                outputs.append(proc.communicate()[0] + "\n(timed out)")
+        for node_rank, proc in enumerate(hosts):
+            assert proc.returncode == 0, f"host {node_rank}:\n{outputs[node_rank][-4000:]}"
+        stop = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-m", "fakegpu", "coordinator",
+                               "--shutdown", address, "--token-file", str(token)],
+                              env=_env(shim_library), capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert coordinator.wait(60) == 0, coordinator.output()
+    finally:
+        coordinator.stop()
+    for rank in range(2):
+        assert json.loads((tmp_path / "out" / f"torch{rank}.json").read_text()) == {"ok": True}
+    data = json.loads(report.read_text())
+    pair = _node_pair(data, "host-a", "host-b")
+    assert pair["by_operation"]["AllReduce"]["operations"] >= 1
+    assert min(pair["directions"].values()) >= 4096 * 4
