@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -398,22 +399,23 @@ def test_reuses_a_running_coordinator(tmp_path, job, shim_library):
                     "--report", str(tmp_path / "shared.json"), "--", "true"], tmp_path, shim_library)
     assert keeper.returncode == 0, keeper.stderr
     assert "coordinator left running" in keeper.stderr and sock.exists()
+    log_dir = Path(re.search(r"log (\S+)\)", keeper.stderr).group(1)).parent  # holds the coordinator's log
     assert token_file.stat().st_mode & 0o777 == 0o600
     try:
-        for run in range(1):
-            out = tmp_path / f"out{run}"
-            out.mkdir()
-            done = _fgpu(["--coordinator-addr", str(sock), "--token-file", str(token_file), "--",
-                          sys.executable, str(job)], tmp_path, shim_library,
-                         env=dict(os.environ, JOB_WORLD="2", JOB_OUT_DIR=str(out)))
-            assert done.returncode == 0, done.stderr
-            assert all(r["exact"] for r in _rank_results(out, 2))
+        out = tmp_path / "out"
+        done = _fgpu(["--coordinator-addr", str(sock), "--token-file", str(token_file), "--",
+                      sys.executable, str(job)], tmp_path, shim_library,
+                     env=dict(os.environ, JOB_WORLD="2", JOB_OUT_DIR=str(out)))
+        assert done.returncode == 0, done.stderr
+        assert "writes its reports when it is stopped" in done.stderr
+        assert all(r["exact"] for r in _rank_results(out, 2))
         answered, detail = launcher.ping_coordinator(str(sock), token_file)
         assert answered, detail
     finally:
         stop = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--shutdown", str(sock),
                                "--token-file", str(token_file)], env=env, capture_output=True, text=True,
                               timeout=60)
+        shutil.rmtree(log_dir, ignore_errors=True)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     deadline = time.monotonic() + 30
     while not (tmp_path / "shared.json").exists() and time.monotonic() < deadline:
