@@ -184,6 +184,24 @@ class Checker:
         self.run_coalesced_and_functional()
         if dist.get_backend() == "fakegpu":
             self.run_split_group()
+            self.run_mismatch_is_reported()
+
+    def run_mismatch_is_reported(self) -> None:
+        """Ranks that disagree on a collective get an error naming the group, and the group
+        stays usable afterwards."""
+        r, ranks = self.rank, range(self.world)
+        t = _value(r, 4 + (r == 0))  # rank 0 passes one element more
+        try:
+            dist.all_reduce(t)
+        except Exception as exc:  # DistBackendError
+            text = str(exc)
+            if "allreduce on process group 'default_pg'" not in text:
+                self.failures.append(f"rank {r}: mismatch error lacks the group: {text}")
+        else:
+            self.failures.append(f"rank {r}: all_reduce with mismatched counts did not fail")
+        t = _value(r, 4)
+        dist.all_reduce(t)
+        self.expect("all_reduce after a failed one", t, sum(_value(i, 4) for i in ranks))
 
     def run_coalesced_and_functional(self) -> None:
         """The paths DTensor / FSDP2 use: coalescing manager and functional collectives
