@@ -275,3 +275,53 @@ def test_real_pipeline_fake_spmd_training_example(tmp_path):
     data = json.loads(report.read_text())
     # 2 steps x 2 microbatches: stage 0 sends activations, stage 1 sends gradients; x 8 pipelines
     assert data["point_to_point"]["operations"] == 2 * 2 * 2 * 8
+
+
+SUBSET_CHECK = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    from fakegpu.fake.process_group import init_process_group
+    world = init_process_group()
+    me = world.contract.logical_rank
+    real = dist.new_group([0, 1])
+    mixed = dist.new_group([0, 2]) if me == 0 else dist.new_group([1, 3])
+    out = {"rank": me}
+    t = torch.arange(3.) * (me + 1); dist.all_reduce(t, group=real); out["sum"] = t.tolist()
+    t = torch.arange(3.) * (me + 1); dist.all_reduce(t, op=dist.ReduceOp.AVG, group=real); out["avg"] = t.tolist()
+    t = torch.tensor([5, -7]) * (me + 1); dist.all_reduce(t, op=dist.ReduceOp.AVG, group=real)
+    out["avg_int"] = t.tolist()
+    t = torch.arange(3.) * (me + 1); dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5), group=real)
+    out["premul"] = t.tolist()
+    o = torch.empty(4); dist.all_gather_into_tensor(o, torch.full((2,), float(me)), group=real); out["ag"] = o.tolist()
+    o = torch.empty(2); dist.reduce_scatter_tensor(o, torch.arange(4.) * (me + 1), op=dist.ReduceOp.AVG, group=real)
+    out["rs_avg"] = o.tolist()
+    t = torch.full((2,), float(me)); dist.broadcast(t, src=1, group=real); out["bcast"] = t.tolist()
+    o = torch.empty(2); dist.all_to_all_single(o, torch.tensor([10. * me, 10. * me + 1]), group=real)
+    out["a2a"] = o.tolist()
+    dist.barrier(group=real)
+    t = torch.ones(2) * (me + 1); dist.all_reduce(t, group=mixed); out["mixed_sum"] = t.tolist()
+    dist.destroy_process_group()
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_any_subset_of_logical_ranks_may_be_physical(tmp_path):
+    """Logical ranks 0 and 1 of a 4-rank world are real processes: their group runs over
+    gloo with NCCL's AVG/PREMUL_SUM meaning; groups with fake members stay local."""
+    script = tmp_path / "subset.py"
+    script.write_text(SUBSET_CHECK)
+    report = tmp_path / "s.json"
+    a, b = (json.loads(o) for o in _launch_pair([str(script)], tmp_path, NGPU=4, FAKEGPU_PHYSICAL_RANKS="0,1",
+                                                 FAKEGPU_CLUSTER_REPORT_PATH=report))
+    for out in (a, b):
+        assert out["sum"] == [0, 3, 6] and out["avg"] == [0, 1.5, 3] and out["premul"] == [0, 1.5, 3]
+        assert out["avg_int"] == [7, -10]               # (5 + 10) / 2 and (-7 - 14) / 2, truncated
+        assert out["ag"] == [0, 0, 1, 1] and out["bcast"] == [1, 1]
+    assert a["rs_avg"] == [0, 1.5] and b["rs_avg"] == [3, 4.5]
+    assert a["a2a"] == [0, 10] and b["a2a"] == [1, 11]
+    assert a["mixed_sum"] == [2, 2] and b["mixed_sum"] == [4, 4]
+    data = json.loads(report.read_text())
+    # 5 all-reduces (barrier included) on {0,1} replicated to {2,3}, each counted once, plus
+    # one all-reduce on each process's mixed group ({0,2} and {1,3})
+    assert data["collectives"]["AllReduce"]["calls"] == 5 * 2 + 2
+    assert data["collectives"]["AllGather"]["calls"] == 2
+    assert data["metadata"]["physical_logical_ranks"] == [0, 1]

@@ -20,7 +20,9 @@ Lines (``"event"`` says which kind; unknown keys are ignored, unknown events ski
     all-gather/reduce-scatter/all-to-all, as in OpRecord), ``root`` the root's comm rank
     (or the sender for ``SendRecv``), ``peer`` the receiver of a ``SendRecv``, ``rank`` the
     issuing process's comm rank.  ``domain`` [lo, hi) limits the replica tiling to those
-    logical ranks (absent or null: the whole world).  Kinds: AllReduce, Broadcast, Reduce,
+    logical ranks (absent or null: the whole world); ``owned`` [lo, hi), when present,
+    keeps only the replicas whose lowest member lies in it (several processes sharing the
+    replicas of one communicator shape).  Kinds: AllReduce, Broadcast, Reduce,
     AllGather, ReduceScatter, AlltoAll, Gather, Scatter, SendRecv (any spelling
     ``fakegpu.costmodel.normalize_kind`` accepts).
 
@@ -114,12 +116,14 @@ def replay(events: Iterable[dict], accountant, source: str = "<events>") -> dict
                 raise EventFormatError(f"{source}: event {i}: op on unknown communicator "
                                        f"{event.get('comm')!r} (its comm event must come first)") from None
             domain = event.get("domain")
+            owned = event.get("owned")
             try:
                 accountant.op(name, members, event["kind"], str(event.get("dtype", "uint8")),
                               int(event.get("elem_size", 1)), int(event["count"]),
                               redop=event.get("redop"), root=int(event.get("root", -1)),
                               peer=int(event.get("peer", -1)),
-                              domain=tuple(domain) if domain else None)
+                              domain=tuple(domain) if domain else None,
+                              owned=tuple(owned) if owned else None)
             except KeyError as exc:
                 raise EventFormatError(f"{source}: event {i}: op event lacks {exc}") from None
             except ValueError as exc:

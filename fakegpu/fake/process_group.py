@@ -233,6 +233,27 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         return semantics.reduce_symmetric(x, self.size(), redop, scale)
 
     # -- all-reduce -------------------------------------------------------------------------------
+    def _real_reduction(self, opts, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                        issue, opts_type) -> None:
+        """Run a reduction on the real (gloo) group: AVG and PREMUL_SUM, which gloo lacks,
+        become a SUM with the scaling done here, as NCCL would compute them."""
+        reduce_op = opts.reduceOp if opts is not None and hasattr(opts, "reduceOp") else dist.ReduceOp.SUM
+        op = getattr(reduce_op, "op", reduce_op)
+        o = opts_type()
+        o.reduceOp = dist.ReduceOp.SUM if op in (_OPS.AVG, _OPS.PREMUL_SUM) else reduce_op
+        if op == _OPS.PREMUL_SUM:
+            factor = reduce_op.factor
+            factor = factor.item() if isinstance(factor, torch.Tensor) else float(factor)
+            inputs = [t * factor for t in inputs]
+        issue(list(inputs), o).wait()
+        if op == _OPS.AVG:
+            n = self.size()
+            for t in outputs:
+                if t.is_floating_point() or t.is_complex():
+                    t.div_(n)
+                else:
+                    t.copy_(torch.div(t, n, rounding_mode="trunc"))
+
     def allreduce(self, tensors, opts=None):
         real = self._real_group()
         for t in tensors:
@@ -241,15 +262,24 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             self._account("AllReduce", b.np, b.np.size, redop=redop)
             if real is None:
                 b.set(self._reduce_local(b, opts))
-        if real is not None:
-            return real.allreduce(tensors, opts) if opts is not None else real.allreduce(tensors)
+                continue
+            result = []
+
+            def issue(inputs, o, buf=b.buffer):
+                if inputs[0] is not buf:     # PREMUL_SUM scaled a copy; reduce it, then keep it
+                    result.append(inputs[0])
+                    return real.allreduce(inputs, o)
+                return real.allreduce([buf], o)
+
+            self._real_reduction(opts, [b.buffer], [b.buffer], issue, dist.AllreduceOptions)
+            with torch.no_grad():
+                if result:
+                    b.buffer.copy_(result[0])
+                if b.buffer.data_ptr() != b.tensor.data_ptr():
+                    b.tensor.copy_(b.buffer)
         return FakeWorldWork(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        if self._real_group() is not None:
-            for t in tensors:
-                self.allreduce([t], _allreduce_opts(opts))
-            return FakeWorldWork(tensors)
         for t in tensors:
             self.allreduce([t], opts)
         return FakeWorldWork(tensors)
@@ -262,8 +292,13 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         self._account("Broadcast", b.np, b.np.size, root=root)
         real = self._real_group()
         if real is not None:
-            return real.broadcast(tensors, opts)
-        return FakeWorldWork(tensors)   # the root held what we hold
+            o = dist.BroadcastOptions()
+            o.rootRank = root
+            real.broadcast([b.buffer], o).wait()
+            if b.buffer.data_ptr() != b.tensor.data_ptr():
+                with torch.no_grad():
+                    b.tensor.copy_(b.buffer)
+        return FakeWorldWork(tensors)   # fake: the root held what we hold
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -304,10 +339,14 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                                  f"expected {self.size()} x {input_.numel()}")
             src = _Buf(input_)
             self._account("AllGather", src.np, src.np.size)
+            out = _Buf(output)
             if real is not None:
-                real._allgather_base(output, input_).wait()
+                real._allgather_base(out.buffer, src.buffer).wait()
+                if out.buffer.data_ptr() != out.tensor.data_ptr():
+                    with torch.no_grad():
+                        out.tensor.copy_(out.buffer)
             else:
-                _Buf(output).set(semantics.all_gather(src.np, self.size()))
+                out.set(semantics.all_gather(src.np, self.size()))
             outs.append(output)
         return FakeWorldWork(outs)
 
@@ -335,7 +374,12 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             redop, scale = _reduction(opts, output)
             self._account("ReduceScatter", out.np, out.np.size, redop=redop)
             if real is not None:
-                real._reduce_scatter_base(output, input_, _reduce_scatter_opts(opts)).wait()
+                self._real_reduction(opts, [src.buffer], [out.buffer],
+                                     lambda ins, o: real._reduce_scatter_base(out.buffer, ins[0], o),
+                                     dist.ReduceScatterOptions)
+                if out.buffer.data_ptr() != out.tensor.data_ptr():
+                    with torch.no_grad():
+                        out.tensor.copy_(out.buffer)
             else:
                 c = out.np.size
                 share = src.np[self.rank() * c:(self.rank() + 1) * c]
@@ -512,20 +556,6 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
 
 _exchange = semantics.PeerExchange()
 _real_generations: dict[tuple[int, ...], int] = {}
-
-
-def _allreduce_opts(opts):
-    out = dist.AllreduceOptions()
-    if opts is not None and hasattr(opts, "reduceOp"):
-        out.reduceOp = opts.reduceOp
-    return out
-
-
-def _reduce_scatter_opts(opts):
-    out = dist.ReduceScatterOptions()
-    if opts is not None and hasattr(opts, "reduceOp"):
-        out.reduceOp = opts.reduceOp
-    return out
 
 
 def _create(common_opts, backend_opts=None):

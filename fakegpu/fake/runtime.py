@@ -10,10 +10,10 @@ Accounting policy (documented in docs/fake-worlds.md):
 - pure fake: every operation, its replicas tiled over the whole logical world;
 - several physical processes (real_pp_fake_spmd): each stands for its slice of the world
   (``LaunchContract.slice_of``).  A communicator inside the slice is tiled inside the slice;
-  one that spans slices (the pipeline group, the world group) is tiled over the world and
-  accounted by one process only: for point-to-point, the sender when the peer is physical
-  (the receiver's process accounts nothing, the receive being that send), both directions
-  when the peer is fake; for collectives, the lowest physical member.
+  one that spans slices (the pipeline group, the world group) is tiled over the world.  A
+  send is accounted by its sender; a receive from a physical peer by nobody (it is that
+  peer's send), from a fake peer by the receiver.  A collective's replicas are accounted
+  by the process whose slice holds the replica's lowest member.
 - The process playing the lowest physical logical rank writes the report; the others hand
   their events over through the store (no shared filesystem needed).
 """
@@ -87,20 +87,22 @@ class FakeWorld:
         return None, True
 
     def should_account(self, members: Sequence[int], kind: str, *, sender: Optional[int] = None,
-                       receiver: Optional[int] = None) -> tuple[bool, Optional[tuple[int, int]]]:
+                       receiver: Optional[int] = None):
+        """(account it?, tiling domain, owned range) for an operation of this process.
+
+        The owned range [lo, hi), when set, keeps only the replicas whose lowest member lies
+        in it: every process sees a communicator of the same shape, tiles the world the same
+        way and accounts the replicas that start in its own slice, so together they count
+        each replica once."""
         lc = self.contract
         domain, spans = self._placement(members)
-        if not spans:
-            if kind == "SendRecv" and receiver == lc.logical_rank and sender is not None \
-                    and lc.is_physical(sender) and sender != receiver:
-                return False, domain   # the sender's process accounts this transfer
-            return True, domain
-        if kind == "SendRecv":
-            if receiver == lc.logical_rank and sender is not None and lc.is_physical(sender):
-                return False, None
-            return True, None
-        lowest = min((m for m in members if lc.is_physical(m)), default=lc.logical_rank)
-        return lowest == lc.logical_rank, None
+        from_physical_peer = (kind == "SendRecv" and receiver == lc.logical_rank and sender is not None
+                              and sender != receiver and lc.is_physical(sender))
+        if from_physical_peer:
+            return False, domain, None   # the sender's process accounts this transfer
+        if not spans or kind == "SendRecv":
+            return True, domain, None
+        return True, None, lc.slice_of(lc.logical_rank)
 
     # -- events ---------------------------------------------------------------------------------
     def _comm_id(self, name: str, members: tuple[int, ...]) -> int:
@@ -127,7 +129,7 @@ class FakeWorld:
         members = tuple(int(m) for m in members)
         sender = members[root] if kind == "SendRecv" and 0 <= root < len(members) else None
         receiver = members[peer] if kind == "SendRecv" and 0 <= peer < len(members) else None
-        ok, domain = self.should_account(members, kind, sender=sender, receiver=receiver)
+        ok, domain, owned = self.should_account(members, kind, sender=sender, receiver=receiver)
         if not ok:
             return False
         with self._lock:
@@ -138,10 +140,12 @@ class FakeWorld:
                      "count": count, "redop": redop, "root": root, "peer": peer, "rank": rank}
             if domain is not None:
                 event["domain"] = list(domain)
+            if owned is not None:
+                event["owned"] = list(owned)
             self.log.add(event)
             if self.is_lead:
                 self.accountant.op(name, members, kind, datatype, elem_size, count, redop=redop,
-                                   root=root, peer=peer, domain=domain)
+                                   root=root, peer=peer, domain=domain, owned=owned)
         return True
 
     def memory_capture(self, record: dict) -> None:

@@ -179,13 +179,18 @@ class WorldAccountant:
         self.records = 0
         self.worlds: list[dict] = []
 
-    def replicas(self, name: str, members: Sequence[int],
-                 domain: Optional[tuple[int, int]] = None) -> list[CommRecord]:
+    def replicas(self, name: str, members: Sequence[int], domain: Optional[tuple[int, int]] = None,
+                 owned: Optional[tuple[int, int]] = None) -> list[CommRecord]:
+        """The replica communicators of ``members`` (tiling ``domain``, default the world),
+        keeping only those whose lowest member lies in ``owned`` [lo, hi) when given."""
         members = tuple(int(m) for m in members)
-        key = (members, tuple(domain) if domain else None)
+        key = (members, tuple(domain) if domain else None, tuple(owned) if owned else None)
         entry = self._tilings.get(key)
         if entry is None:
             groups, method = replica_groups(members, self.world_size, domain)
+            if owned is not None:
+                lo, hi = owned
+                groups = [g for g in groups if lo <= min(g) < hi]
             comms = []
             for k, g in enumerate(groups):
                 label = name if len(groups) == 1 else f"{name}[{k}]"
@@ -201,11 +206,11 @@ class WorldAccountant:
 
     def op(self, name: str, members: Sequence[int], kind: str, datatype: str, elem_size: int,
            count: int, *, redop: Optional[str] = None, root: int = -1, peer: int = -1,
-           domain: Optional[tuple[int, int]] = None) -> int:
+           domain: Optional[tuple[int, int]] = None, owned: Optional[tuple[int, int]] = None) -> int:
         """Account one operation of this rank, replicated over its communicator's replicas.
         Returns the number of OpRecords fed to the report."""
         kind = costmodel.normalize_kind(kind)
-        comms = self.replicas(name, members, domain)
+        comms = self.replicas(name, members, domain, owned)
         n = len(members)
         if kind == "SendRecv":
             ranks = (root, peer)
