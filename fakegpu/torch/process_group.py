@@ -143,12 +143,14 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             generation = _generations.get(self._group_name, 0)
             _generations[self._group_name] = generation + 1
             key = f"{_UID_KEY}/{generation}"
-            if self.rank() == 0:
-                uid = nccl.get_unique_id()
-                self._store.set(key, uid)
-            else:
-                uid = bytes(self._store.get(key))
             try:
+                # Rank 0 makes the id; the group's store (already scoped to this group by
+                # torch) hands it to the others, as ProcessGroupNCCL does.
+                if self.rank() == 0:
+                    uid = nccl.get_unique_id()
+                    self._store.set(key, uid)
+                else:
+                    uid = bytes(self._store.get(key))
                 self._comm = nccl.comm_init_rank(self.size(), uid, self.rank(), name=self.comm_name)
             except NcclError as exc:
                 raise _as_error("communicator init", self.comm_name, exc) from exc
