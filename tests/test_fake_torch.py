@@ -325,3 +325,25 @@ def test_any_subset_of_logical_ranks_may_be_physical(tmp_path):
     assert data["collectives"]["AllReduce"]["calls"] == 5 * 2 + 2
     assert data["collectives"]["AllGather"]["calls"] == 2
     assert data["metadata"]["physical_logical_ranks"] == [0, 1]
+
+
+def test_report_written_at_exit_without_destroy_and_topology_checked_first(tmp_path):
+    script = tmp_path / "exit.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from fakegpu.fake.process_group import init_process_group
+        init_process_group()
+        t = torch.ones(4); dist.all_reduce(t, group=dist.new_group([0, 1]))
+        # no destroy_process_group(): the atexit hook writes the report
+    """))
+    report = tmp_path / "r.json"
+    _run([str(script)], _env(tmp_path, NGPU=16, FAKEGPU_CLUSTER_REPORT_PATH=report), timeout=300)
+    data = json.loads(report.read_text())
+    assert data["collectives"]["AllReduce"]["calls"] == 8 and data["world_size"] == 16
+    cfg = tmp_path / "small.yaml"
+    from fakegpu.fake.cluster import uniform_cluster_yaml
+    cfg.write_text(uniform_cluster_yaml(1, 8))
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(script)], cwd=ROOT, capture_output=True, text=True,
+                          env=_env(tmp_path, NGPU=16, FAKEGPU_CLUSTER_CONFIG=cfg), timeout=300)
+    assert proc.returncode != 0
+    assert "places 8 ranks but the logical world has 16" in proc.stderr

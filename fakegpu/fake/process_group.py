@@ -606,6 +606,7 @@ def init_process_group(*, pp_degree: Optional[int] = None, env=None, timeout: Op
     else:
         store = dist.HashStore()
     world.store = store
+    world.accountant   # load the cluster topology now: a config too small for NGPU fails here, not mid-step
     dist.init_process_group(BACKEND_NAME, store=store, rank=lc.logical_rank, world_size=lc.world_size,
                             timeout=timeout)
     return world
