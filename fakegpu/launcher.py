@@ -725,20 +725,23 @@ def start_coordinator(cfg: LaunchConfig, transport: str, address: str, token_fil
 
 def ping_coordinator(address: str, token_file: Optional[Path] = None,
                      timeout_s: float = 15.0) -> tuple[bool, str]:
-    """Ask the coordinator at `address` for its description: (answered, output or reason)."""
-    argv = coordinator_command() + ["--ping", address]
-    if token_file is not None:
-        argv += ["--token-file", str(token_file)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _prepend_path_list(env.get("PYTHONPATH"),
-                                           "" if _package_on_default_path() else str(package_root()))
+    """Ask the coordinator at `address` for its description: (answered, description or reason).
+
+    In-process (no interpreter start-up, no parsing of our possibly rank-only environment).
+    PING needs no token; `token_file` is accepted so callers can pass what they have.
+    """
+    from fakegpu import protocol as P
+    from fakegpu.coordinator.client import ClientError, SyncClient
+
+    transport = guess_transport(address)
     try:
-        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return False, f"no answer within {timeout_s:g} s"
-    text = (done.stdout + done.stderr).strip()
-    return done.returncode == 0, text
+        with SyncClient(address, transport, timeout_s=timeout_s) as client:
+            reply = client.request(P.Ping(), timeout_s=timeout_s)
+    except (ClientError, OSError, ValueError) as exc:
+        return False, str(exc)
+    if isinstance(reply, P.Pong):
+        return True, reply.description
+    return False, getattr(reply, "message", repr(reply))
 
 
 # ---------------------------------------------------------------------------------------------
