@@ -73,6 +73,18 @@ def map_shm_segment(name: str, S: int):
     return np.frombuffer(mm, dtype=np.uint8)
 
 
+def _enable_keepalive(sock) -> None:
+    """TCP keepalive: a client host that vanished (crash, partition) is noticed within about
+    a minute even while it has nothing in flight, and its peers get ncclRemoteError."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass
+
+
 class Connection(asyncio.BufferedProtocol):
     """One client connection. As a BufferedProtocol it lets the event loop ``recv_into``
     our buffers: a scratch buffer for frame headers and small bodies, and, while a
@@ -111,6 +123,7 @@ class Connection(asyncio.BufferedProtocol):
                     pass
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _enable_keepalive(sock)
             self.peer = "%s:%s" % transport.get_extra_info("peername")[:2]
         else:
             self.peer = f"unix connection {self.id}"
