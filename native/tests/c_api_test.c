@@ -457,6 +457,38 @@ static int init_all_mode(int n, int fork_child) {
   float* x = calloc(n, sizeof(float));
   float* y = calloc(n, sizeof(float));
   group_allreduce(comms, n, x, y);
+  {
+    /* NCCL's single-thread pattern: every member's init (and split) inside one group,
+       completed by the group's end. */
+    ncclUniqueId gid;
+    CHECK_NCCL(ncclGetUniqueId(&gid));
+    ncclComm_t* g = calloc(n, sizeof(ncclComm_t));
+    CHECK_NCCL(ncclGroupStart());
+    for (int r = 0; r < n; r++) CHECK_NCCL(ncclCommInitRank(&g[r], n, gid, r));
+    CHECK_NCCL(ncclGroupEnd());
+    group_allreduce(g, n, x, y);
+    ncclComm_t* sub = calloc(n, sizeof(ncclComm_t));
+    CHECK_NCCL(ncclGroupStart());
+    for (int r = 0; r < n; r++) CHECK_NCCL(ncclCommSplit(g[r], r == 0 ? NCCL_SPLIT_NOCOLOR : 1, r, &sub[r], NULL));
+    CHECK_NCCL(ncclGroupEnd());
+    EXPECT(sub[0] == NULL, "NOCOLOR member got a communicator in a grouped split");
+    if (n > 1) {
+      int cnt = 0;
+      CHECK_NCCL(ncclCommCount(sub[1], &cnt));
+      EXPECT(cnt == n - 1, "grouped split has %d ranks, want %d", cnt, n - 1);
+      CHECK_NCCL(ncclGroupStart());
+      for (int r = 1; r < n; r++) {
+        x[r] = (float)r;
+        CHECK_NCCL(ncclAllReduce(&x[r], &y[r], 1, ncclFloat32, ncclSum, sub[r], NULL));
+      }
+      CHECK_NCCL(ncclGroupEnd());
+      for (int r = 1; r < n; r++) EXPECT(y[r] == (float)(n * (n - 1) / 2), "grouped split allreduce %g", y[r]);
+      for (int r = 1; r < n; r++) CHECK_NCCL(ncclCommDestroy(sub[r]));
+    }
+    for (int r = 0; r < n; r++) CHECK_NCCL(ncclCommDestroy(g[r]));
+    free(sub);
+    free(g);
+  }
   if (fork_child) {
     /* A forked child opens its own connection; the parent's keeps working. */
     fflush(NULL);
