@@ -202,7 +202,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
 
     # -- real sub-worlds (hybrid mode) ------------------------------------------------------------
     def _real_group(self):
-        """The gloo group among this group's members if all are physical, else None."""
+        """The real group among this group's members if all are physical, else None."""
         if not self._real_checked:
             self._real_checked = True
             lc = self._world.contract
@@ -215,8 +215,8 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                 generation = _real_generations.get(members, 0)
                 _real_generations[members] = generation + 1
                 prefix = f"fakegpu_real/{'_'.join(map(str, members))}/{generation}/"
-                self._real = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank(),
-                                                   self.size(), self._timeout)
+                self._real = _real_transport(dist.PrefixStore(prefix, store), self.rank(), self.size(),
+                                             self._timeout, self.comm_name)
         return self._real
 
     # -- accounting -------------------------------------------------------------------------------
@@ -552,6 +552,12 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
 
     def _is_default(self) -> bool:
         return self.size() == self._world.contract.world_size and self.members == tuple(range(self.size()))
+
+
+def _real_transport(store, rank: int, size: int, timeout, name: str):
+    """The process group that carries a communicator of physical ranks for real: gloo,
+    torch's own CPU backend (no coordinator runs in the fake modes)."""
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 _exchange = semantics.PeerExchange()

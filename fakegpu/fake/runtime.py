@@ -54,9 +54,12 @@ class FakeWorld:
                  report_path: Optional[str] = None, markdown_path: Optional[str] = None,
                  events_path: Optional[str] = None):
         self.contract = lc
-        self.report_path = report_path if report_path is not None else os.environ.get("FAKEGPU_CLUSTER_REPORT_PATH")
-        self.markdown_path = markdown_path if markdown_path is not None else \
-            os.environ.get("FAKEGPU_CLUSTER_REPORT_MARKDOWN_PATH") or None
+        # FAKEGPU_FAKE_REPORT_PATH wins: under fgpu a coordinator may own FAKEGPU_CLUSTER_REPORT_PATH.
+        fake_path = os.environ.get("FAKEGPU_FAKE_REPORT_PATH")
+        self.report_path = report_path if report_path is not None else \
+            fake_path or os.environ.get("FAKEGPU_CLUSTER_REPORT_PATH")
+        self.markdown_path = markdown_path if markdown_path is not None else (
+            None if fake_path else os.environ.get("FAKEGPU_CLUSTER_REPORT_MARKDOWN_PATH") or None)
         events_path = events_path if events_path is not None else os.environ.get("FAKEGPU_FAKE_EVENTS_PATH")
         if events_path and lc.physical_world_size > 1:
             events_path = f"{events_path}.rank{lc.physical_rank}"
