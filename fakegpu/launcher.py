@@ -770,29 +770,37 @@ def exit_status(returncode: int) -> int:
 
 def run_command(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Run `command` in the current directory, forwarding signals; return its exit status."""
-    try:
-        proc = subprocess.Popen(list(command), env=dict(env))
-    except FileNotFoundError:
-        raise CommandNotRunnable(f"command not found: {command[0]}", 127) from None
-    except PermissionError:
-        raise CommandNotRunnable(f"command is not executable: {command[0]}", 126) from None
+    started: list[subprocess.Popen] = []
+    pending: list[int] = []  # signals that arrived before the command existed
 
     def forward(signum, _frame):
         if signum == signal.SIGINT and _sigint_came_from_terminal():
             return
+        if not started:
+            pending.append(signum)
+            return
         try:
-            proc.send_signal(signum)
+            started[0].send_signal(signum)
         except ProcessLookupError:
             pass
 
+    # Handlers first, so that no signal between start-up and installation is lost.
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for signum in FORWARDED_SIGNALS:
             previous[signum] = signal.signal(signum, forward)
     try:
+        try:
+            started.append(subprocess.Popen(list(command), env=dict(env)))
+        except FileNotFoundError:
+            raise CommandNotRunnable(f"command not found: {command[0]}", 127) from None
+        except PermissionError:
+            raise CommandNotRunnable(f"command is not executable: {command[0]}", 126) from None
+        for signum in pending:
+            forward(signum, None)
         while True:
             try:
-                return exit_status(proc.wait())
+                return exit_status(started[0].wait())
             except KeyboardInterrupt:  # only if a handler was not installed
                 forward(signal.SIGINT, None)
     finally:
