@@ -323,6 +323,8 @@ def test_fgpu_runs_four_ranks_with_relative_paths(tmp_path, job, shim_library):
     assert not sock_dir.exists(), "the private socket directory must be removed afterwards"
     _check_report(tmp_path / "reports" / "run.json", world=4, nodes=2)
     assert (tmp_path / "reports" / "run.md").is_file()
+    trace = json.loads((tmp_path / "reports" / "trace.json").read_text())
+    assert trace, "the trace requested with --trace is empty"
     assert str(tmp_path / "reports" / "run.json") in done.stderr  # fgpu says where the report is
 
 
