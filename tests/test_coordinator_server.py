@@ -303,3 +303,39 @@ def test_bad_cluster_config_is_a_clear_error(coordinator, tmp_path):
     c = coordinator("--address", str(tmp_path / "c.sock"), "--cluster-config", str(bad), expect_ready=False)
     assert c.proc.wait(30) == 2
     assert "bad.yaml" in c.stderr()
+
+
+def _post_allreduce(c, handle):
+    d = P.OpDesc(comm_handle=handle, kind=P.KIND_ALLREDUCE, datatype=7, total_count=1, step_count=1,
+                 in_len=4, out_len=4)
+    return c.send(P.Group(ops=(d,), payload=np.float32(1).tobytes()))
+
+
+def test_dead_rank_fails_peers_promptly(coordinator, tmp_path):
+    c = coordinator("--address", str(tmp_path / "c.sock"))
+    clients, handles = world(c.address, 3)
+    t0 = time.monotonic()
+    for i in (0, 1):
+        _post_allreduce(clients[i], handles[i])
+    clients[2].close()  # the process died
+    for i in (0, 1):
+        f = clients[i].recv_frame(timeout_s=10)
+        done = P.decode_body(f.msg_type, f.body)
+        assert done.results == (P.NCCL_REMOTE_ERROR,)
+        assert "rank 2" in done.message and "disconnected" in done.message
+    assert time.monotonic() - t0 < 5
+
+
+def test_missing_rank_times_out_within_the_timeout(coordinator, tmp_path):
+    c = coordinator("--address", str(tmp_path / "c.sock"), "--timeout-ms", "500")
+    clients, handles = world(c.address, 3)
+    t0 = time.monotonic()
+    for i in (0, 1):
+        _post_allreduce(clients[i], handles[i])
+    for i in (0, 1):
+        f = clients[i].recv_frame(timeout_s=10)
+        done = P.decode_body(f.msg_type, f.body)
+        assert done.results == (P.NCCL_TIMEOUT,)
+        assert "ranks [2] did not arrive within 500 ms" in done.message
+    elapsed = time.monotonic() - t0
+    assert 0.45 < elapsed < 3.0, elapsed
