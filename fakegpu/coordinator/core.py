@@ -33,7 +33,7 @@ from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
 from fakegpu.coordinator.matching import (
     D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_OUT_LEN, D_OUT_OFF,
     D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_TOTAL, GroupState, PairQueue, Slot, Step, describe_op,
-    mismatch_message, signature, validate)
+    mismatch_message, validate)
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
     Client, Comm, InitRendezvous, Member, SplitRendezvous, assign_global_ranks)
@@ -573,7 +573,7 @@ class Core:
         comm = member.comm
         seq = member.coll_seq
         member.coll_seq = seq + 1
-        err = validate(step.desc, member, member.client.S)
+        err, step.sig = validate(step.desc, member, member.client.S)
         if err is not None:
             step.error = err
         tomb = comm.tombstones.get(seq)
@@ -602,7 +602,7 @@ class Core:
         steps = slot.steps
         comm = slot.comm
         first = steps[0].desc
-        sig = signature(first)
+        sig = steps[0].sig
         bad = None
         for s in steps:
             if s.error is not None:
@@ -610,7 +610,7 @@ class Core:
                 break
         if bad is None:
             for s in steps:
-                if signature(s.desc) != sig:
+                if s.sig != sig:
                     msg = mismatch_message(comm, slot.seq, steps)
                     for t in steps:
                         self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
@@ -657,7 +657,7 @@ class Core:
         d = step.desc
         member = step.member
         comm = member.comm
-        err = validate(d, member, member.client.S)
+        err = validate(d, member, member.client.S)[0]
         if err is not None:
             self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
                           f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")

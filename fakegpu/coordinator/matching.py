@@ -34,7 +34,7 @@ class GroupState:
 
 class Step:
     """One op of a GROUP frame, as it waits to be matched."""
-    __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload")
+    __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload", "sig")
 
     def __init__(self, group: GroupState, index: int, desc: tuple, member, arrived_at: float):
         self.group = group
@@ -45,6 +45,7 @@ class Step:
         self.error: Optional[str] = None   # set when this rank's arguments were rejected
         self.deadline = 0.0
         self.payload = None                # a Send's copied input, once its group went on
+        self.sig = None                    # signature(desc), for collectives
 
 
 class Slot:
@@ -129,25 +130,24 @@ def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: 
 _SHAPE_CACHE: dict = {}
 
 
-def validate(desc: tuple, member, S: int) -> Optional[str]:
-    """None when the op is well formed for this member, else what is wrong.
+def validate(desc: tuple, member, S: int) -> tuple:
+    """(error, signature): error is None when the op is well formed for this member, else
+    what is wrong; signature is what the members of a collective must agree on.
 
     The hot path: the shape checks depend only on (kind, dtype, redop, root, counts,
     lengths, rank, nranks) and are memoised; only the staging offsets are checked per op."""
     key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
            member.rank, member.comm.nranks)
-    err = _SHAPE_CACHE.get(key, False)
-    if err is False:
-        err = _validate_shape(desc, member)
+    cached = _SHAPE_CACHE.get(key)
+    if cached is None:
+        cached = (_validate_shape(desc, member), signature(desc))
         if len(_SHAPE_CACHE) > 65536:
             _SHAPE_CACHE.clear()
-        _SHAPE_CACHE[key] = err
-    if err is not None:
-        return err
-    if desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S:
+        _SHAPE_CACHE[key] = cached
+    if cached[0] is None and (desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S):
         return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
-                f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted")
-    return None
+                f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted"), cached[1]
+    return cached
 
 
 def _validate_shape(desc: tuple, member) -> Optional[str]:
