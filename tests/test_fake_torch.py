@@ -347,3 +347,56 @@ def test_report_written_at_exit_without_destroy_and_topology_checked_first(tmp_p
                           env=_env(tmp_path, NGPU=16, FAKEGPU_CLUSTER_CONFIG=cfg), timeout=300)
     assert proc.returncode != 0
     assert "places 8 ranks but the logical world has 16" in proc.stderr
+
+
+PIPELINING = textwrap.dedent("""
+    import json, sys, torch, torch.nn as nn, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.fsdp import fully_shard
+    from fakegpu.fake.process_group import init_process_group
+    world = init_process_group()
+    lc = world.contract
+    mesh = init_device_mesh("cpu", (2, 4, 2), mesh_dim_names=("pp", "dp", "tp"))
+    torch.manual_seed(lc.pp_rank)
+    block = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    fully_shard(block, mesh=mesh["dp"])
+    stage = PipelineStage(block, lc.pp_rank, 2, torch.device("cpu"), group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=lambda out, tgt: (out - tgt).pow(2).mean())
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    torch.manual_seed(99)
+    out = {"rank": lc.logical_rank, "losses": []}
+    for step in range(2):
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        if lc.pp_rank == 0:
+            schedule.step(x)
+        else:
+            losses = []
+            schedule.step(target=y, losses=losses)
+            out["losses"].append(sum(l.item() for l in losses))
+        opt.step(); opt.zero_grad()
+    dist.destroy_process_group()
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_real_pipeline_fake_spmd_with_torch_pipelining_schedule(tmp_path):
+    """torch.distributed.pipelining's 1F1B schedule (shape inference, batched isend/irecv)
+    between two real processes, FSDP2 over the fake dp axis of each stage."""
+    script = tmp_path / "pipe.py"
+    script.write_text(PIPELINING)
+    report = tmp_path / "p.json"
+    a, b = (json.loads(o) for o in _launch_pair([str(script)], tmp_path, NGPU=16, FAKEGPU_PP_DEGREE=2,
+                                                 FAKEGPU_CLUSTER_REPORT_PATH=report))
+    assert a["losses"] == [] and len(b["losses"]) == 2 and all(v > 0 for v in b["losses"])
+    data = json.loads(report.read_text())
+    assert check_report_ok(report, tmp_path, 16)
+    p2p = data["point_to_point"]["operations"]
+    assert p2p > 0 and p2p % 8 == 0                    # replicated over the 8 pipelines {b, b+8}
+    assert data["collectives"]["AllGather"]["calls"] > 0 and data["collectives"]["ReduceScatter"]["calls"] > 0
+
+
+def check_report_ok(report, tmp_path, world_size) -> bool:
+    proc = _run(["-m", "fakegpu", "report", "check", str(report), "--expect-world-size", str(world_size)],
+                _env(tmp_path))
+    return "OK" in proc.stdout

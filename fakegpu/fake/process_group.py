@@ -40,7 +40,8 @@ for _name, _np in (("float8_e4m3fn", ml_dtypes.float8_e4m3fn), ("float8_e5m2", m
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A flat numpy view sharing memory with a contiguous CPU tensor (complex as real pairs)."""
-    t = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+    t = tensor.detach()
+    t = torch.view_as_real(t) if t.is_complex() else t
     t = t.reshape(-1)
     via = _NP_VIEW.get(t.dtype)
     if via is not None:
