@@ -70,18 +70,17 @@ def _snapshot_summary(torch) -> dict:
 def _tensor_bytes(torch) -> int:
     seen, total = set(), 0
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # touching deprecated module attributes warns
-        objects = gc.get_objects()
-    for obj in objects:
-        try:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                storage = obj.untyped_storage()
-                key = storage.data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    total += storage.nbytes()
-        except Exception:
-            continue
+        warnings.simplefilter("ignore")   # isinstance() on deprecated module attributes warns
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+                    storage = obj.untyped_storage()
+                    key = storage.data_ptr()
+                    if key not in seen:
+                        seen.add(key)
+                        total += storage.nbytes()
+            except Exception:
+                continue
     return total
 
 
