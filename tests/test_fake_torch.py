@@ -400,3 +400,28 @@ def check_report_ok(report, tmp_path, world_size) -> bool:
     proc = _run(["-m", "fakegpu", "report", "check", str(report), "--expect-world-size", str(world_size)],
                 _env(tmp_path))
     return "OK" in proc.stdout
+
+
+def test_group_ranks_recovered_from_torch_when_the_creator_was_not_told(monkeypatch):
+    """A group made by a creator without the extended API learns its global ranks from
+    torch's own record at first use."""
+    import torch.distributed as dist
+
+    from fakegpu.fake import runtime
+    from fakegpu.fake.contract import resolve
+    from fakegpu.fake.process_group import FakeWorldProcessGroup
+
+    runtime.reset()
+    world = runtime.get_or_create(resolve({"NGPU": "16"}))
+    try:
+        pg = FakeWorldProcessGroup(dist.HashStore(), 1, 4, world=world)
+        monkeypatch.setitem(dist.distributed_c10d._world.pg_group_ranks, pg, {8: 0, 9: 1, 10: 2, 11: 3})
+        assert pg.members == (8, 9, 10, 11)
+        whole = FakeWorldProcessGroup(dist.HashStore(), 0, 16, world=world)
+        assert whole.members == tuple(range(16))
+        orphan = FakeWorldProcessGroup(dist.HashStore(), 0, 4, world=world)
+        with pytest.raises(RuntimeError, match="cannot tell which global ranks form group"):
+            orphan.members
+    finally:
+        world.finished = True
+        runtime.reset()
