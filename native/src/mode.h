@@ -30,6 +30,8 @@ struct CollCall {
   uint8_t scalar[8] = {};
   const void* scalar_ptr = nullptr;
   void* stream = nullptr;  // cudaStream_t, for modes that stage device memory
+  // Set by cuda_staging::prepare_group when the buffer is GPU memory (hybrid mode).
+  bool send_on_device = false, recv_on_device = false;
 };
 
 // A communicator being created: start() sends the request, finish() completes `comm`.

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "client.h"
+#include "cuda_staging.h"
 #include "last_error.h"
 #include "mode.h"
 #include "staging.h"
@@ -31,8 +32,9 @@ ncclResult_t result_from_wire(int32_t r) {
 // into the user's output buffers.
 class GroupDoneSink : public BodySink {
  public:
-  GroupDoneSink(const std::vector<CollCall>* calls, const Step* steps, size_t n, bool payload_in_stream)
-      : calls_(calls), steps_(steps), n_(n), payload_in_stream_(payload_in_stream) {}
+  GroupDoneSink(const std::vector<CollCall>* calls, const Step* steps, size_t n, bool payload_in_stream,
+                uint8_t* device_bounce = nullptr)
+      : calls_(calls), steps_(steps), n_(n), payload_in_stream_(payload_in_stream), device_bounce_(device_bounce) {}
   bool wants(const proto::FrameHeader& h) const override { return h.type == proto::kGroupDone; }
   bool consume(Client& c, const proto::FrameHeader& h, std::string* err) override {
     uint64_t left = h.body_len;
@@ -55,8 +57,13 @@ class GroupDoneSink : public BodySink {
       if (steps_[i].out_len > left) return bad(err, "output bytes shorter than the ops' out_len");
       left -= steps_[i].out_len;
       bool ok = true;
-      for_each_output_piece((*calls_)[steps_[i].call], steps_[i].off, steps_[i].cnt,
-                            [&](uint8_t* p, uint64_t len) { ok = ok && c.read_exact(p, len); });
+      const CollCall& call = (*calls_)[steps_[i].call];
+      if (call.recv_on_device) {  // the host must not write device memory: bounce, copied later
+        ok = c.read_exact(device_bounce_ + steps_[i].out_offset, steps_[i].out_len);
+      } else {
+        for_each_output_piece(call, steps_[i].off, steps_[i].cnt,
+                              [&](uint8_t* p, uint64_t len) { ok = ok && c.read_exact(p, len); });
+      }
       if (!ok) return bad(err, "connection broke in the output bytes");
     }
     if (left != 0) return bad(err, std::to_string(left) + " unexpected trailing bytes");
@@ -79,6 +86,7 @@ class GroupDoneSink : public BodySink {
   const Step* steps_;
   size_t n_;
   bool payload_in_stream_;
+  uint8_t* device_bounce_;  // socket staging of device outputs: indexed by the step's out_offset
 };
 
 class SimulateMode : public DistMode {
@@ -173,12 +181,19 @@ class SimulateMode : public DistMode {
     return ncclSuccess;
   }
 
-  ncclResult_t run_group(const std::vector<CollCall>& calls) override {
-    if (calls.empty()) return ncclSuccess;
+  ncclResult_t run_group(const std::vector<CollCall>& user_calls) override {
+    if (user_calls.empty()) return ncclSuccess;
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
     const uint64_t S = client->staging_bytes();
+    // Device buffers (hybrid mode): the calls are classified and their device scalars read.
+    thread_local std::vector<CollCall> staged;
+    bool device = false;
+    rc = cuda_staging::prepare_group(user_calls, &staged, &device);
+    if (rc != ncclSuccess) return rc;
+    const std::vector<CollCall>& calls = device ? staged : user_calls;
+    if (device && client->shm()) cuda_staging::pin_staging(client->shm_in(), 2 * S);
 
     thread_local std::vector<Step> steps;
     rc = plan_steps(calls, S, &steps);
@@ -235,10 +250,15 @@ class SimulateMode : public DistMode {
     return ncclSuccess;
   }
 
-  ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) override {
+  ncclResult_t simulate_group(const std::vector<CollCall>& user_calls, double* estimated_us) override {
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
+    std::vector<CollCall> staged;  // device scalars are read from device memory
+    bool device = false;
+    rc = cuda_staging::prepare_group(user_calls, &staged, &device);
+    if (rc != ncclSuccess) return rc;
+    const std::vector<CollCall>& calls = device ? staged : user_calls;
     std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
     uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
     memcpy(body.data(), &n, 4);
@@ -308,23 +328,57 @@ class SimulateMode : public DistMode {
     iov.push_back({head.data(), head.size()});
 
     const bool shm = client->shm();
+    // Device pieces are copied on their call's stream; only those streams are waited for.
+    cuda_staging::DeviceCopies dev;
+    // Socket staging of device buffers goes through host bounce buffers, laid out like
+    // the regions (by in_offset/out_offset) so that no pointer moves while they fill.
+    thread_local std::vector<uint8_t> in_bounce, out_bounce;
     if (shm) {
       uint8_t* in = client->shm_in();
       for (size_t k = 0; k < n; k++) {
+        const CollCall& c = calls[steps[k].call];
         uint8_t* dst = in + steps[k].in_offset;
-        for_each_input_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
-          memcpy(dst, p, len);
+        for_each_input_piece(c, steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
+          if (c.send_on_device) dev.to_host(dst, p, len, c.stream);
+          else memcpy(dst, p, len);
           dst += len;
         });
       }
     } else {
-      for (size_t k = 0; k < n; k++)
-        for_each_input_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
-          iov.push_back({const_cast<uint8_t*>(p), len});
+      uint64_t in_need = 0, out_need = 0;
+      for (size_t k = 0; k < n; k++) {
+        const CollCall& c = calls[steps[k].call];
+        if (c.send_on_device) in_need = std::max(in_need, steps[k].in_offset + steps[k].in_len);
+        if (c.recv_on_device) out_need = std::max(out_need, steps[k].out_offset + steps[k].out_len);
+      }
+      if (in_bounce.size() < in_need) in_bounce.resize(in_need);
+      if (out_bounce.size() < out_need) out_bounce.resize(out_need);
+      for (size_t k = 0; k < n; k++) {
+        const CollCall& c = calls[steps[k].call];
+        uint8_t* dst = in_bounce.data() + steps[k].in_offset;
+        for_each_input_piece(c, steps[k].off, steps[k].cnt, [&](const uint8_t* p, uint64_t len) {
+          if (c.send_on_device) {
+            dev.to_host(dst, p, len, c.stream);
+            iov.push_back({dst, len});
+            dst += len;
+          } else {
+            iov.push_back({const_cast<uint8_t*>(p), len});
+          }
         });
+      }
+    }
+    if (dev.any()) {
+      ncclResult_t crc = dev.sync();
+      if (crc != ncclSuccess) {
+        if (*first_error == ncclSuccess) {
+          *first_error = crc;
+          *first_msg = last_error();
+        }
+        return crc;
+      }
     }
 
-    GroupDoneSink sink(&calls, steps, n, !shm);
+    GroupDoneSink sink(&calls, steps, n, !shm, out_bounce.data());
     Pending p;
     p.sink = &sink;
     ncclResult_t rc = client->request(&p, proto::kGroup, iov.data(), static_cast<int>(iov.size()));
@@ -354,12 +408,26 @@ class SimulateMode : public DistMode {
         note_failure(calls, steps[k], r, sink.message, first_error, first_msg);
         continue;
       }
-      if (shm && steps[k].out_len) {
-        const uint8_t* src = client->shm_out() + steps[k].out_offset;
-        for_each_output_piece(calls[steps[k].call], steps[k].off, steps[k].cnt, [&](uint8_t* q, uint64_t len) {
-          memcpy(q, src, len);
+      const CollCall& c = calls[steps[k].call];
+      if ((shm || c.recv_on_device) && steps[k].out_len) {
+        const uint8_t* src = (shm ? client->shm_out() : out_bounce.data()) + steps[k].out_offset;
+        for_each_output_piece(c, steps[k].off, steps[k].cnt, [&](uint8_t* q, uint64_t len) {
+          if (c.recv_on_device) dev.to_device(q, src, len, c.stream);
+          else memcpy(q, src, len);
           src += len;
         });
+      }
+    }
+    // The results must have left the staging memory before it is reused; work queued on
+    // the stream afterwards is ordered after these copies anyway.
+    if (dev.any()) {
+      ncclResult_t crc = dev.sync();
+      if (crc != ncclSuccess) {
+        if (*first_error == ncclSuccess) {
+          *first_error = crc;
+          *first_msg = last_error();
+        }
+        for (size_t k = 0; k < n; k++) calls[steps[k].call].comm->async_error.store(crc);
       }
     }
     return ncclSuccess;

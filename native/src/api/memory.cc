@@ -4,19 +4,25 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "cuda_staging.h"
 #include "export.h"
 #include "last_error.h"
 
 using namespace fakegpu;
 
-// Host memory for now (simulate mode works on host buffers); page aligned like cuMem
-// allocations. Device memory comes with the hybrid mode (src/cuda_staging.cc).
+// Device memory (cudaMalloc) when the process computes on a GPU (hybrid mode, or a CUDA
+// runtime already loaded: see cuda_staging.h); otherwise page-aligned host memory, like
+// cuMem allocations, for programs that run on host buffers.
 NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   if (!ptr) return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
   if (size == 0) {
     *ptr = nullptr;
     return ncclSuccess;
   }
+  bool device = false;
+  ncclResult_t rc = cuda_staging::enabled(&device);
+  if (rc != ncclSuccess) return rc;
+  if (device) return cuda_staging::device_alloc(ptr, size);
   long page = sysconf(_SC_PAGESIZE);
   void* p = nullptr;
   if (posix_memalign(&p, page > 0 ? static_cast<size_t>(page) : 4096, size) != 0)
@@ -26,6 +32,10 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
 }
 
 NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
+  if (!ptr) return ncclSuccess;
+  bool device = false;
+  if (cuda_staging::enabled(&device) == ncclSuccess && device && cuda_staging::is_device_pointer(ptr))
+    return cuda_staging::device_free(ptr);
   free(ptr);
   return ncclSuccess;
 }
