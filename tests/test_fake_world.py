@@ -222,3 +222,34 @@ def test_bad_events_are_named(tmp_path, topo64):
     bad.write_text('{"event": "world"}\nnot json\n')
     with pytest.raises(EventFormatError, match="bad.jsonl:2: not JSON"):
         read_events(str(bad))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_pure_fake_pipeline_transfers_stand_for_every_stage(stage, monkeypatch):
+    """Whichever stage one process plays, a microbatch's activations forward and gradients
+    back are accounted on all 3 edges of a 4-stage pipeline, in every one of the 4 pipelines."""
+    from fakegpu.fake import runtime
+    from fakegpu.fake.contract import resolve
+
+    for var in ("FAKEGPU_CLUSTER_REPORT_PATH", "FAKEGPU_FAKE_REPORT_PATH", "FAKEGPU_FAKE_EVENTS_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    lc = resolve({"NGPU": "16", "FAKEGPU_PP_DEGREE": "4", "FAKE_PP_RANK": str(stage)})
+    world = runtime.FakeWorld(lc, topology=uniform_cluster(2, 8))
+    members = [0, 4, 8, 12]
+    me = stage
+    if stage > 0:
+        world.comm_op("pp", members, me, "SendRecv", "bfloat16", 2, 1024, root=me - 1, peer=me)
+    if stage < 3:
+        world.comm_op("pp", members, me, "SendRecv", "bfloat16", 2, 1024, root=me, peer=me + 1)
+        world.comm_op("pp", members, me, "SendRecv", "bfloat16", 2, 1024, root=me + 1, peer=me)
+    if stage > 0:
+        world.comm_op("pp", members, me, "SendRecv", "bfloat16", 2, 1024, root=me, peer=me - 1)
+    world.finished = True
+    report = world.accountant.report.to_dict()
+    p2p = report["point_to_point"]
+    assert p2p["operations"] == 2 * 3 * 4 and p2p["bytes"] == 2 * 3 * 4 * 2048
+    sends = {r["rank"]: r["p2p_sends"] for r in report["ranks"]}
+    recvs = {r["rank"]: r["p2p_recvs"] for r in report["ranks"]}
+    for b in range(4):   # each pipeline {b, b+4, b+8, b+12}: ends send/receive once, middles twice
+        assert [sends[b + 4 * k] for k in range(4)] == [1, 2, 2, 1]
+        assert [recvs[b + 4 * k] for k in range(4)] == [1, 2, 2, 1]

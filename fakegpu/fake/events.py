@@ -22,7 +22,9 @@ Lines (``"event"`` says which kind; unknown keys are ignored, unknown events ski
     issuing process's comm rank.  ``domain`` [lo, hi) limits the replica tiling to those
     logical ranks (absent or null: the whole world); ``owned`` [lo, hi), when present,
     keeps only the replicas whose lowest member lies in it (several processes sharing the
-    replicas of one communicator shape).  Kinds: AllReduce, Broadcast, Reduce,
+    replicas of one communicator shape); ``"spread": true`` on a SendRecv makes it stand
+    for every transfer with the same offset in the group, k -> k + (peer - root) (pure
+    fake: the other pipeline stages' or ring members' transfers).  Kinds: AllReduce, Broadcast, Reduce,
     AllGather, ReduceScatter, AlltoAll, Gather, Scatter, SendRecv (any spelling
     ``fakegpu.costmodel.normalize_kind`` accepts).
 
@@ -123,7 +125,8 @@ def replay(events: Iterable[dict], accountant, source: str = "<events>") -> dict
                               redop=event.get("redop"), root=int(event.get("root", -1)),
                               peer=int(event.get("peer", -1)),
                               domain=tuple(domain) if domain else None,
-                              owned=tuple(owned) if owned else None)
+                              owned=tuple(owned) if owned else None,
+                              spread=bool(event.get("spread", False)))
             except KeyError as exc:
                 raise EventFormatError(f"{source}: event {i}: op event lacks {exc}") from None
             except ValueError as exc:

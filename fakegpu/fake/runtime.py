@@ -7,7 +7,10 @@ logs them as events, feeds the accountant, and writes the report once, at exit o
 default process group is destroyed.
 
 Accounting policy (documented in docs/fake-worlds.md):
-- pure fake: every operation, its replicas tiled over the whole logical world;
+- pure fake: every operation, its replicas tiled over the whole logical world; a send
+  or receive also stands for the same-offset transfers of the other group members
+  (every pipeline stage), a receive only when this rank cannot itself send with that
+  offset (else its own send already covers it);
 - several physical processes (real_pp_fake_spmd): each stands for its slice of the world
   (``LaunchContract.slice_of``).  A communicator inside the slice is tiled inside the slice;
   one that spans slices (the pipeline group, the world group) is tiled over the world.  A
@@ -107,6 +110,12 @@ class FakeWorld:
             return True, domain, None
         return True, None, lc.slice_of(lc.logical_rank)
 
+    def spreads_p2p(self) -> bool:
+        """Pure fake: one process sees one pipeline stage, so its transfers stand for the
+        same-offset transfers of every stage (with several physical processes each stage
+        accounts its own)."""
+        return self.contract.physical_world_size == 1
+
     # -- events ---------------------------------------------------------------------------------
     def _comm_id(self, name: str, members: tuple[int, ...]) -> int:
         key = (name, members)
@@ -135,6 +144,11 @@ class FakeWorld:
         ok, domain, owned = self.should_account(members, kind, sender=sender, receiver=receiver)
         if not ok:
             return False
+        spread = kind == "SendRecv" and self.spreads_p2p()
+        if spread and receiver == members[rank] and 0 <= 2 * rank - root < len(members):
+            # This rank also sends with this offset (to 2*rank - root): that send, spread
+            # over the group, already stands for the transfer received here.
+            return False
         with self._lock:
             if self.finished:
                 return False
@@ -145,10 +159,12 @@ class FakeWorld:
                 event["domain"] = list(domain)
             if owned is not None:
                 event["owned"] = list(owned)
+            if spread:
+                event["spread"] = True
             self.log.add(event)
             if self.is_lead:
                 self.accountant.op(name, members, kind, datatype, elem_size, count, redop=redop,
-                                   root=root, peer=peer, domain=domain, owned=owned)
+                                   root=root, peer=peer, domain=domain, owned=owned, spread=spread)
         return True
 
     def memory_capture(self, record: dict) -> None:

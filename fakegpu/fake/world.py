@@ -206,27 +206,40 @@ class WorldAccountant:
 
     def op(self, name: str, members: Sequence[int], kind: str, datatype: str, elem_size: int,
            count: int, *, redop: Optional[str] = None, root: int = -1, peer: int = -1,
-           domain: Optional[tuple[int, int]] = None, owned: Optional[tuple[int, int]] = None) -> int:
+           domain: Optional[tuple[int, int]] = None, owned: Optional[tuple[int, int]] = None,
+           spread: bool = False) -> int:
         """Account one operation of this rank, replicated over its communicator's replicas.
-        Returns the number of OpRecords fed to the report."""
+
+        ``spread`` (point-to-point only): the transfer root -> peer stands for every transfer
+        with the same offset inside the group, k -> k + (peer - root), as every stage of a
+        pipeline (or every member of a ring) makes the same send.  Returns the number of
+        OpRecords fed to the report."""
         kind = costmodel.normalize_kind(kind)
         comms = self.replicas(name, members, domain, owned)
         n = len(members)
         if kind == "SendRecv":
-            ranks = (root, peer)
+            if spread:
+                d = peer - root
+                pairs = [(k, k + d) for k in range(n) if 0 <= k + d < n]
+            else:
+                pairs = [(root, peer)]
         else:
-            ranks = tuple(range(n))
+            pairs = [(root, peer)]
         nbytes = costmodel.logical_bytes(kind, count, elem_size, n)
         now = time.time()
         self.ops += 1
+        all_ranks = tuple(range(n))
         for comm in comms:
-            self._seq += 1
-            self.report.op_completed(OpRecord(
-                comm=comm, kind=kind, datatype=datatype, redop=redop, count=count,
-                elem_size=elem_size, root=root, peer=peer, ranks=ranks, logical_bytes=nbytes,
-                socket_bytes=0, seq=self._seq, started_at=now, rendezvous_s=0.0, execution_s=0.0))
-        self.records += len(comms)
-        return len(comms)
+            for src, dst in pairs:
+                self._seq += 1
+                self.report.op_completed(OpRecord(
+                    comm=comm, kind=kind, datatype=datatype, redop=redop, count=count,
+                    elem_size=elem_size, root=src, peer=dst,
+                    ranks=(src, dst) if kind == "SendRecv" else all_ranks, logical_bytes=nbytes,
+                    socket_bytes=0, seq=self._seq, started_at=now, rendezvous_s=0.0, execution_s=0.0))
+        fed = len(comms) * len(pairs)
+        self.records += fed
+        return fed
 
     def summary(self) -> dict:
         return {
