@@ -81,6 +81,33 @@ def _flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
 
+class _BackendView:
+    """What ``pg._get_backend(cpu)`` returns for a fakegpu group.
+
+    torch's C++ ProcessGroup has no backend registered for a Python group, so the inherited
+    ``_get_backend`` raises; torch 2.14's ``batch_isend_irecv`` and several helpers call it on
+    any ProcessGroup and read capability flags.  This answers those flags (no NCCL-style
+    coalescing, no splitting through torch, no tensor allocation, no time estimate) and passes
+    everything else to the group itself.
+    """
+
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def __init__(self, group: "FakeGpuProcessGroup"):
+        self._group = group
+
+    def supports_tensor_alloc(self, device) -> bool:  # noqa: ARG002
+        return False
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+
 class FakeGpuProcessGroup(dist.ProcessGroup):
     """A process group whose collectives run through the fakegpu NCCL shim."""
 
@@ -114,6 +141,12 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
         self._maybe_connect_early()
+
+    def _get_backend(self, device):
+        device_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        if device_type != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {device_type}")
+        return _BackendView(self)
 
     @property
     def comm_name(self) -> str:
