@@ -186,3 +186,19 @@ def test_runner_comparison_exact_tolerant_and_failing(tmp_path):
     (fake / "rank1.pt").unlink()
     with pytest.raises(run_case.CaseFailure, match="left no rank1.pt"):
         run_case.compare(tolerant, gloo, fake)
+
+
+def test_get_backend_answers_capabilities_for_cpu_only():
+    import torch
+
+    from fakegpu.torch import FakeGpuProcessGroup
+
+    pg = FakeGpuProcessGroup(None, 1, 4)
+    view = pg._get_backend(torch.device("cpu"))
+    assert view.supports_coalescing is False and view.supports_splitting is False
+    assert view.supports_tensor_alloc(torch.device("cpu")) is False
+    assert view.name() == "fakegpu"
+    assert view.size() == 4 and view.rank() == 1  # everything else is the group's
+    assert pg._get_backend("cpu").name() == "fakegpu"
+    with pytest.raises(RuntimeError, match="device type cuda"):
+        pg._get_backend(torch.device("cuda", 0))
