@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "comm_lifecycle.h"
 #include "env.h"
 #include "last_error.h"
 
@@ -14,18 +15,25 @@ ncclResult_t get_mode(DistMode** out) {
   std::call_once(once, [] {
     requested = env::str("FAKEGPU_DIST_MODE", "simulate");
     if (requested == "simulate") mode = make_simulate_mode();
+    else if (requested == "passthrough") mode = make_passthrough_mode();
+    else if (requested == "proxy") mode = make_proxy_mode();
   });
   if (mode) {
     *out = mode;
     return ncclSuccess;
   }
   *out = nullptr;
-  if (requested == "fake" || requested == "proxy" || requested == "passthrough" || requested == "hybrid")
+  if (requested == "fake" || requested == "hybrid")
     return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_DIST_MODE=%s is not implemented yet in this build (use simulate)",
                  requested.c_str());
   return failf(ncclInvalidUsage,
                "fakegpu: FAKEGPU_DIST_MODE=%s is not a mode (expected simulate, fake, proxy or passthrough)",
                requested.c_str());
+}
+
+ncclResult_t DistMode::get_unique_id(uint8_t out[128]) {
+  make_unique_id(out);
+  return ncclSuccess;
 }
 
 }  // namespace fakegpu

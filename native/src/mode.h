@@ -61,6 +61,8 @@ class DistMode {
   virtual ncclResult_t run_group(const std::vector<CollCall>& calls) = 0;
   // Asks for the modeled time of a group without running it.
   virtual ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) = 0;
+  // ncclGetUniqueId: our own random id, or the real library's (proxy/passthrough).
+  virtual ncclResult_t get_unique_id(uint8_t out[128]);
 };
 
 // The mode selected by FAKEGPU_DIST_MODE (read once); an error for unknown or not yet
@@ -68,5 +70,7 @@ class DistMode {
 ncclResult_t get_mode(DistMode** out);
 
 DistMode* make_simulate_mode();
+DistMode* make_passthrough_mode();  // mode_passthrough.cc: NVIDIA's NCCL does the work
+DistMode* make_proxy_mode();        // mode_proxy.cc: the same, with the coordinator keeping books
 
 }  // namespace fakegpu

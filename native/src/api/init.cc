@@ -42,8 +42,13 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
 
 NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId) {
   if (!uniqueId) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
-  make_unique_id(reinterpret_cast<uint8_t*>(uniqueId->internal));
-  return ncclSuccess;
+  DistMode* mode;
+  // A mode that cannot be set up reports that at init, where callers look for it.
+  if (get_mode(&mode) != ncclSuccess) {
+    make_unique_id(reinterpret_cast<uint8_t*>(uniqueId->internal));
+    return ncclSuccess;
+  }
+  return mode->get_unique_id(reinterpret_cast<uint8_t*>(uniqueId->internal));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
@@ -77,7 +82,8 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
   ncclResult_t rc = get_mode(&mode);
   if (rc != ncclSuccess) return rc;
   uint8_t id[128];
-  make_unique_id(id);
+  rc = mode->get_unique_id(id);
+  if (rc != ncclSuccess) return rc;
   // All members are requested at once (one connection, many request ids), then collected.
   std::vector<CommRequest*> reqs(ndev, nullptr);
   ncclResult_t first = ncclSuccess;
