@@ -265,8 +265,10 @@ def test_real_pipeline_fake_spmd_two_processes(tmp_path):
 def test_real_pipeline_fake_spmd_training_example(tmp_path):
     report = tmp_path / "h.json"
     summary = tmp_path / "s.json"
+    events = tmp_path / "ev.jsonl"
     _launch_pair(["-m", "fakegpu.fake.example", "--pp", "2", "--tp", "2", "--steps", "2",
-                  "--summary-json", str(summary)], tmp_path, NGPU=16, FAKEGPU_CLUSTER_REPORT_PATH=report)
+                  "--summary-json", str(summary)], tmp_path, NGPU=16, FAKEGPU_CLUSTER_REPORT_PATH=report,
+                 FAKEGPU_FAKE_EVENTS_PATH=events)
     last = json.loads(Path(f"{summary}.rank1").read_text())
     assert last["contract"]["logical_rank"] == 8 and all(loss > 0 for loss in last["losses"])
     check = _run(["-m", "fakegpu", "report", "check", str(report), "--expect-world-size", "16",
@@ -275,6 +277,15 @@ def test_real_pipeline_fake_spmd_training_example(tmp_path):
     data = json.loads(report.read_text())
     # 2 steps x 2 microbatches: stage 0 sends activations, stage 1 sends gradients; x 8 pipelines
     assert data["point_to_point"]["operations"] == 2 * 2 * 2 * 8
+    # the two processes' event files rebuild the same whole-world report
+    rebuilt = tmp_path / "rebuilt.json"
+    _run(["-m", "fakegpu", "fake", "build-report", f"{events}.rank0", f"{events}.rank1", "--report", str(rebuilt)],
+         _env(tmp_path))
+    again = json.loads(rebuilt.read_text())
+    assert again["totals"]["operations"] == data["totals"]["operations"]
+    assert again["totals"]["logical_bytes"] == data["totals"]["logical_bytes"]
+    assert again["links"] == data["links"] and again["node_pairs"] == data["node_pairs"]
+    assert again["metadata"]["physical_logical_ranks"] == [0, 8]
 
 
 SUBSET_CHECK = textwrap.dedent("""
