@@ -17,8 +17,8 @@ Accounting policy (documented in docs/fake-worlds.md):
   send is accounted by its sender; a receive from a physical peer by nobody (it is that
   peer's send), from a fake peer by the receiver.  A collective's replicas are accounted
   by the process whose slice holds the replica's lowest member.
-- The process playing the lowest physical logical rank writes the report; the others hand
-  their events over through the store (no shared filesystem needed).
+- Physical rank 0 (the store's host) writes the report; the others hand their events over
+  through the store (no shared filesystem needed).
 """
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ class FakeWorld:
     # -- who accounts what ---------------------------------------------------------------------
     @property
     def is_lead(self) -> bool:
-        return self.contract.logical_rank == min(self.contract.physical_ranks)
+        """Physical rank 0 writes the report: it also hosts the store the others hand
+        their events to, so it is the one process sure to outlive the hand-over."""
+        return self.contract.physical_rank == 0
 
     def _placement(self, members: Sequence[int]) -> tuple[Optional[tuple[int, int]], bool]:
         """(tiling domain, spans slices) of a communicator."""
