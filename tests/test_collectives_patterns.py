@@ -38,6 +38,7 @@ PLANS = {
         ("split", {"nocolor_rank": 2}),
         ("uneven_alltoall", {"dtype": int(DataType.int64)}),
         ("big_group", {"n_calls": 101, "nested": True, "span_split": True}),
+        ("big_group", {"n_calls": 1000, "nested": False, "span_split": True}),
         ("argument_errors", {}),
     ],
     1: [
@@ -82,7 +83,7 @@ def test_comm_info(plan_runs):
     assert all(i["version"] == 23007 for i in infos)
 
 
-@pytest.mark.parametrize("nranks,n_calls", [(4, 120), (4, 300), (3, 101)])
+@pytest.mark.parametrize("nranks,n_calls", [(4, 120), (4, 300), (3, 101), (3, 1000)])
 def test_big_group(plan_runs, nranks, n_calls):
     run = plan_runs(nranks)
     index = _index(nranks, "big_group", n_calls=n_calls)
