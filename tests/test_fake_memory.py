@@ -85,3 +85,23 @@ def test_compare_refuses_missing_points_and_other_pp_coordinates(tmp_path, capsy
     (tmp_path / "junk.json").write_text("[1, 2]")
     assert memory.main(["compare", str(tmp_path / "junk.json"), a, "--point", "after_init"]) == 2
     assert "neither a memory capture file nor a cluster report" in capsys.readouterr().err
+
+
+def test_auto_capture_hooks_the_four_points(fake_world):
+    import torch
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handles = memory.auto_capture(opt, model)
+    for _ in range(3):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for h in handles:
+        h.remove()
+    points = [c["point"] for c in memory.captures()]
+    assert points == ["after_init", "after_optimizer_warmup", "steady_state_fwd_bwd", "after_optimizer_step",
+                      "steady_state_fwd_bwd", "after_optimizer_step"]
+    rows = memory.summarize_for_report(fake_world.memory)
+    assert sorted(r["point"] for r in rows) == sorted(memory.CAPTURE_POINTS)   # latest of each

@@ -8,7 +8,7 @@
   ``start()``), the process RSS (psutil) and the bytes held by live torch tensors.
 
 The four capture points of the memory workflow are ``CAPTURE_POINTS``; any other name is
-accepted too.  Captures go to ``FAKEGPU_MEMORY_CAPTURE_PATH`` (JSON, rewritten after each
+accepted too.  ``auto_capture(optimizer, model)`` captures at all four through hooks.  Captures go to ``FAKEGPU_MEMORY_CAPTURE_PATH`` (JSON, rewritten after each
 capture; ``.rankR`` appended when several physical processes run) and into the fake-world
 report's metadata.  Compare two runs at the same logical rank and capture point with
 ``python -m fakegpu.fake.memory compare A.json B.json --rank R --point P`` (A and B may be
@@ -135,10 +135,42 @@ def captures() -> list[dict]:
     return list(_captures)
 
 
+def auto_capture(optimizer, model=None) -> list:
+    """Capture at the four points without editing the training loop: ``after_init`` now,
+    ``after_optimizer_warmup`` after the first optimizer step, ``after_optimizer_step`` after
+    each later one, and (with ``model``) ``steady_state_fwd_bwd`` when backward reaches the
+    model's output after the first step, i.e. with the step's activations still alive.
+    Returns the hook handles (``.remove()`` them to stop)."""
+    capture("after_init")
+    steps = [0]
+
+    def after_step(opt, args, kwargs):
+        steps[0] += 1
+        capture("after_optimizer_warmup" if steps[0] == 1 else "after_optimizer_step")
+
+    handles = [optimizer.register_step_post_hook(after_step)]
+    if model is not None:
+        def on_backward_start(grad):
+            capture("steady_state_fwd_bwd")
+            return None   # leave the gradient as it is
+
+        def after_forward(module, args, output):
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
+            if steps[0] >= 1 and getattr(out, "requires_grad", False):
+                out.register_hook(on_backward_start)
+
+        handles.append(model.register_forward_hook(after_forward))
+    return handles
+
+
 def summarize_for_report(records: list[dict]) -> list[dict]:
-    """Compact per-capture rows for the report metadata."""
-    rows = []
+    """Compact per-capture rows for the report metadata: the latest capture of each
+    (logical rank, point)."""
+    latest: dict = {}
     for r in records:
+        latest[(r.get("logical_rank"), r.get("point"))] = r
+    rows = []
+    for r in latest.values():
         row = {"point": r.get("point"), "logical_rank": r.get("logical_rank"), "pp_rank": r.get("pp_rank"),
                "device": r.get("device")}
         row.update(r.get("stats", {}))
