@@ -5,7 +5,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fakegpu import protocol as P
 from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, reference_reduce
 from fakegpu.fake import semantics as S
 
