@@ -201,3 +201,24 @@ def test_proxy_mirrors_communicators_on_the_coordinator(shim_library, tmp_path, 
     if report.exists():  # the coordinator saw the world and both splits
         text = report.read_text()
         assert '"communicators"' in text or "comm" in text
+
+
+def test_passthrough_reports_the_real_librarys_async_errors(shim_library, tmp_path, standin):
+    """torch's watchdog polls ncclCommGetAsyncError: a failure inside the real library must show."""
+    script = textwrap.dedent(r"""
+        import ctypes, os, sys
+        from fakegpu.nccl import Nccl
+        nccl = Nccl(sys.argv[1])
+        comms = nccl.comm_init_all(2)
+        assert [c.get_async_error() for c in comms] == [0, 0]
+        ctypes.CDLL(os.environ["STANDIN"]).standin_inject_async_error(6)  # ncclRemoteError
+        print("ASYNC", [c.get_async_error() for c in comms])
+        for c in comms:
+            c.abort()
+    """)
+    proc = run_worker(shim_library, {"FAKEGPU_DIST_MODE": "passthrough", "FAKEGPU_REAL_NCCL_PATH": str(standin)},
+                      tmp_path, standin, script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ASYNC [6, 6]" in proc.stdout
+    report = json.loads((tmp_path / "report.json.rank0").read_text())
+    assert [c["state"] for c in report["communicators"]] == ["aborted", "aborted"]

@@ -63,6 +63,9 @@ class DistMode {
   virtual ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) = 0;
   // ncclGetUniqueId: our own random id, or the real library's (proxy/passthrough).
   virtual ncclResult_t get_unique_id(uint8_t out[128]);
+  // An asynchronous failure the mode knows of beyond comm->async_error (the real library's,
+  // polled by torch's watchdog through ncclCommGetAsyncError); ncclSuccess when none.
+  virtual ncclResult_t async_error(ncclComm* comm) { return ncclSuccess; }
 };
 
 // The mode selected by FAKEGPU_DIST_MODE (read once); an error for unknown or not yet

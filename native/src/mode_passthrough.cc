@@ -260,6 +260,17 @@ class ForwardingMode : public DistMode {
     return ncclSuccess;
   }
 
+  ncclResult_t async_error(ncclComm* comm) override {
+    const real::Nccl* n;
+    if (real::load(&n) != ncclSuccess) return ncclSuccess;
+    ncclComm_t r = lookup(comm);
+    ncclResult_t st = ncclSuccess;
+    if (!r || n->CommGetAsyncError(r, &st) != ncclSuccess) return ncclSuccess;
+    // In progress = work still being enqueued on our non-blocking real communicator: not an
+    // error for the caller, whose communicator is blocking or already initialized.
+    return st == ncclInProgress ? ncclSuccess : st;
+  }
+
   ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) override {
     const real::Nccl* n;
     ncclResult_t rc = real::load(&n);

@@ -166,10 +166,14 @@ EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
   return color >= 0 ? ncclInProgress : ncclSuccess;
 }
 
+/* Test hook: every communicator reports `code` from now on (a peer failure, say). */
+static ncclResult_t g_injected;
+EXPORT void standin_inject_async_error(int code) { g_injected = (ncclResult_t)code; }
+
 EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* st) {
   counted("ncclCommGetAsyncError");
   pthread_mutex_lock(&g_mu);
-  *st = c->aborted ? ncclRemoteError : ready(c) ? ncclSuccess : ncclInProgress;
+  *st = c->aborted ? ncclRemoteError : g_injected ? g_injected : ready(c) ? ncclSuccess : ncclInProgress;
   pthread_mutex_unlock(&g_mu);
   return ncclSuccess;
 }

@@ -193,6 +193,14 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
   if (rc != ncclSuccess) return rc;
   if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
   *asyncError = static_cast<ncclResult_t>(comm->async_error.load());
+  DistMode* mode;
+  if (*asyncError == ncclSuccess && !comm->aborted.load() && get_mode(&mode) == ncclSuccess) {
+    ncclResult_t r = mode->async_error(comm);  // e.g. the real library's, in passthrough/proxy
+    if (r != ncclSuccess) {
+      comm->async_error.store(r);
+      *asyncError = r;
+    }
+  }
   return ncclSuccess;
 }
 
