@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakegpu import protocol as P
+from fakegpu.coordinator.client import SyncClient
 
 from test_coordinator_server import Coordinator, allreduce, world
 
@@ -117,6 +118,12 @@ def test_fuzz_summary(target):
     outs = allreduce(target["clients"], target["handles"], [[1.0], [2.0]])
     assert [o.tolist() for o in outs] == [[3.0], [3.0]]
     assert target["frames"] >= 10_000
+    # Nothing the fuzz connections left behind: only the well-behaved pair and its communicator.
+    with SyncClient(target["coord"].address) as probe:
+        state = json.loads(probe.request(P.Ping()).description)
+    print("coordinator state after fuzz:", state)
+    print("RSS MiB every 100 connections:", " ".join(f"{r / 2**20:.1f}" for r in target["rss"]))
+    assert state["clients"] == 2 and state["communicators"] == 1 and state["pending"] == 0, state
     rss = target["rss"]
     print(f"fuzz: {target['frames']} frames over {target['examples']} connections; coordinator RSS "
           f"{rss[0] / 2**20:.1f} -> {rss[-1] / 2**20:.1f} MiB (max {max(rss) / 2**20:.1f})")

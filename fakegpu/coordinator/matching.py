@@ -128,6 +128,7 @@ def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: 
 
 
 _SHAPE_CACHE: dict = {}
+_SHAPE_CACHE_MAX = 4096  # a job has a handful of distinct op shapes
 
 
 def validate(desc: tuple, member, S: int) -> tuple:
@@ -141,9 +142,10 @@ def validate(desc: tuple, member, S: int) -> tuple:
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member), signature(desc))
-        if len(_SHAPE_CACHE) > 65536:
-            _SHAPE_CACHE.clear()
-        _SHAPE_CACHE[key] = cached
+        if cached[0] is None:  # only well-formed shapes: garbage must not fill the cache
+            if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
+                _SHAPE_CACHE.clear()
+            _SHAPE_CACHE[key] = cached
     if cached[0] is None and (desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S):
         return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
                 f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted"), cached[1]

@@ -92,7 +92,7 @@ class Connection(asyncio.BufferedProtocol):
 
     __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing", "scratch",
                  "scratch_mv", "direct", "fd")
-    SCRATCH_BYTES = 256 * 1024
+    SCRATCH_BYTES = 64 * 1024  # headers and small frames; payloads are received in place
 
     def __init__(self, server: "CoordinatorServer"):
         self.server = server
