@@ -40,3 +40,16 @@ def _installed_copies() -> list[Path]:
     except Exception:  # not installed
         return []
     return [Path(f.locate()).resolve() for f in files if str(f).endswith("lib/" + _LIB_NAME)]
+
+
+def data_path(*parts: str) -> Path:
+    """A bundled data file (cluster_configs/..., cluster_report.schema.json).
+
+    Installed wheels carry them under fakegpu/data/; a source checkout has them at its root.
+    """
+    here = Path(__file__).resolve().parent
+    for base in (here / "data", here.parent):
+        candidate = base.joinpath(*parts)
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"fakegpu data file {'/'.join(parts)} is not installed")
