@@ -24,6 +24,7 @@ def _scale_bytes(dt, scale):
     return np.array([scale]).astype(dt.np).tobytes().ljust(8, b"\0")
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")   # float16 prod -> inf
 @pytest.mark.parametrize("name", ALL_DTYPES)
 @pytest.mark.parametrize("redop", REDOPS)
 @pytest.mark.parametrize("n", [1, 3, 8])
