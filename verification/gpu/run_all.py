@@ -108,11 +108,26 @@ def run_case(case: str, args, shim: str) -> dict:
     return summary
 
 
+def environment() -> dict:
+    """What the results were measured on (torch, CUDA, the GPU), for the closing note."""
+    info = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        info.update(torch=torch.__version__, cuda=torch.version.cuda)
+        if torch.cuda.is_available():
+            info.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count())
+    except Exception as exc:  # the summary must still be written
+        info["torch_error"] = repr(exc)
+    return info
+
+
 def write_summary(out: Path, results: list, args) -> None:
+    if not hasattr(args, "environment"):
+        args.environment = environment()
     (out / "summary.json").write_text(json.dumps({"dry_run": args.dry_run, "nproc": args.nproc,
-                                                  "results": results}, indent=1))
+                                                  "environment": args.environment, "results": results}, indent=1))
     lines = [f"# fakegpu GPU verification ({'dry run on CPU' if args.dry_run else 'hybrid mode, backend nccl'}, "
-             f"{args.nproc} ranks)", "", "| case | ok | seconds | max abs err | err / update |", "|---|---|---|---|---|"]
+             f"{args.nproc} ranks)", "", f"Environment: {json.dumps(args.environment)}", "", "| case | ok | seconds | max abs err | err / update |", "|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['case']} | {'yes' if r['ok'] else 'NO'} | {r['seconds']} | "
                      f"{r.get('max_abs_err') if r.get('max_abs_err') is not None else ''} | "
