@@ -77,7 +77,15 @@ def test_entry_point_function_registers():
 def test_pyproject_declares_torch_backends_entry_point():
     text = (REPO / "pyproject.toml").read_text()
     assert '[project.entry-points."torch.backends"]' in text
-    assert 'fakegpu = "fakegpu.torch.autoload:entry_point"' in text
+    assert 'fakegpu = "fakegpu._torch_entry:entry_point"' in text
+
+
+def test_entry_point_respects_disable_switch():
+    """The installed entry point must not import fakegpu.torch (which registers) when disabled."""
+    code = ("import os; os.environ['FAKEGPU_TORCH_AUTOLOAD'] = '0'\n"
+            "from fakegpu._torch_entry import entry_point; entry_point()\n"
+            "import sys; print('fakegpu.torch' in sys.modules)")
+    assert _fresh_python(code, [str(REPO)]) == "False"
 
 
 @pytest.mark.parametrize("dtype_name, nccl, count_scale", [
