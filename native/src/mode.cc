@@ -5,6 +5,7 @@
 #include "comm_lifecycle.h"
 #include "env.h"
 #include "last_error.h"
+#include "mode_fake.h"
 
 namespace fakegpu {
 
@@ -17,13 +18,17 @@ ncclResult_t get_mode(DistMode** out) {
     if (requested == "simulate") mode = make_simulate_mode();
     else if (requested == "passthrough") mode = make_passthrough_mode();
     else if (requested == "proxy") mode = make_proxy_mode();
+    else if (requested == "fake") mode = make_fake_mode();  // mode_fake.cc: no coordinator
   });
   if (mode) {
     *out = mode;
     return ncclSuccess;
   }
   *out = nullptr;
-  if (requested == "fake" || requested == "hybrid")
+  if (requested == "real_pp_fake_spmd")
+    return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_DIST_MODE=%s is not implemented in the NCCL shim; use the fakegpu "
+                 "torch backend (fakegpu.fake.init_process_group) or FAKEGPU_DIST_MODE=fake", requested.c_str());
+  if (requested == "hybrid")
     return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_DIST_MODE=%s is not implemented yet in this build (use simulate)",
                  requested.c_str());
   return failf(ncclInvalidUsage,
