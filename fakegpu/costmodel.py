@@ -207,6 +207,9 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
             rb = topo.local_index(b) % topo.nodes[nb].nics
             ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff),
                     (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff))
+        if na != nb:
+            # slow_link faults (docs/faults.md): the pair's bytes count factor times.
+            nbytes *= topo.link_factor(na, nb)
         for key, cap in ends:
             load[key] += nbytes
             capacity[key] = cap

@@ -19,6 +19,8 @@ import hmac
 import json
 import logging
 import os
+import signal
+import socket
 import struct
 import time
 from collections import OrderedDict
@@ -30,6 +32,7 @@ from fakegpu import protocol as P
 from fakegpu.coordinator.collectives import EXECUTORS
 from fakegpu.coordinator.collectives.numerics import DTYPES
 from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
+from fakegpu.coordinator.faults import FaultPlan, load_plan
 from fakegpu.coordinator.matching import (
     D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_OUT_LEN, D_OUT_OFF,
     D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_TOTAL, GroupState, PairQueue, Slot, Step, describe_op,
@@ -90,7 +93,8 @@ class Core:
                  default_staging_bytes: int = DEFAULT_STAGING_BYTES,
                  max_staging_bytes: int = MAX_STAGING_BYTES, recorder=None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False):
+                 transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False,
+                 faults: Optional[FaultPlan] = None, max_events: int = 1000):
         self.token = token
         self.timeout_ms = int(timeout_ms)
         self.timeout_s = timeout_ms / 1000.0
@@ -118,6 +122,14 @@ class Core:
         self.n_groups = 0
         self.n_ops = 0
         self.n_errors = 0
+        # Fault injection (faults.py, docs/faults.md): FAKEGPU_FAULTS plus the YAML's faults.
+        self.faults = faults if faults is not None else load_plan(os.environ.get("FAKEGPU_FAULTS"), topology)
+        self._delayed: list = []            # [due, client, group, descs] held back by a delay fault
+        self.events: list = []              # failure and recovery events (the report's events section)
+        self.max_events = max_events
+        self.dropped_events = 0
+        if self.faults and hasattr(self.recorder, "faults_configured"):
+            self.recorder.faults_configured(self.faults)
 
     # ------------------------------------------------------------------ entry points
 
@@ -172,6 +184,9 @@ class Core:
             self.flush_records()
             self.recorder.client_disconnected(client.record, reason)
         why = f"{client.describe()} disconnected ({reason})"
+        if client.members or client.groups:
+            self._event("rank_disconnected", rank=client.hello.global_rank, pid=client.hello.pid,
+                        reason=reason, communicators=sorted({m.comm.id for m in client.members}))
         for member in list(client.members):
             self._member_gone(member, P.NCCL_REMOTE_ERROR, f"rank {member.rank} {why}")
         for uid, rdv in list(self.inits.items()):
@@ -187,6 +202,8 @@ class Core:
     def tick(self, now: Optional[float] = None) -> list:
         self._out = []
         now = self.clock() if now is None else now
+        if self._delayed:
+            self._release_delayed(now)
         waiting = self._waiting
         while waiting:
             item = next(iter(waiting))
@@ -392,6 +409,8 @@ class Core:
             return
         self._freed[member.handle] = client
         if msg.how == P.FREE_ABORT:
+            self._event("comm_abort", comm=member.comm.id, name=member.comm.name, rank=member.rank,
+                        global_rank=member.global_rank)
             self._member_gone(member, P.NCCL_REMOTE_ERROR, f"rank {member.rank} aborted the communicator")
         else:
             verb = "destroyed" if msg.how == P.FREE_DESTROY else "finalized"
@@ -425,6 +444,8 @@ class Core:
                           if s is None and r not in comm.gone_ranks)
             if missing:
                 comm.tombstones[seq] = [code, msg, missing]
+            self._op_failed_event(comm, seq, arrived, code, msg,
+                                  [r for r, s in enumerate(slot.steps) if s is None])
             self._record_failure(comm, seq, arrived, code, msg, slot.first_wall)
         for (src, dst), q in comm.p2p.items():
             if dst == rank:
@@ -491,6 +512,13 @@ class Core:
         if n_ops == 0:
             self._finish_group(group)
             return
+        if self.faults and self.faults.armed:
+            hit = self.faults.match(self.handles.get, descs)
+            if hit is not None and hit[2].client is client and self._inject(client, group, descs, *hit):
+                return
+        self._submit_group(client, group, descs)
+
+    def _submit_group(self, client: Client, group: GroupState, descs: list) -> None:
         now = self.clock()
         handles = self.handles
         queued_sends = None
@@ -612,6 +640,7 @@ class Core:
             for s in steps:
                 if s.sig != sig:
                     msg = mismatch_message(comm, slot.seq, steps)
+                    self._op_failed_event(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, [])
                     for t in steps:
                         self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
                     self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
@@ -737,6 +766,7 @@ class Core:
                f"ranks {missing} did not arrive within {self.timeout_ms} ms "
                f"(FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: {asked}")
         log.warning("timeout: %s", msg)
+        self._op_failed_event(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, missing)
         for s in arrived:
             self._op_done(s.group, s.index, P.NCCL_TIMEOUT, msg)
         comm.tombstones[slot.seq] = [P.NCCL_TIMEOUT, msg, len(missing)]
@@ -760,6 +790,7 @@ class Core:
             msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
                    f"Send within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
         log.warning("timeout: %s", msg)
+        self._op_failed_event(comm, None, [step], P.NCCL_TIMEOUT, msg, [peer])
         self._op_done(step.group, step.index, P.NCCL_TIMEOUT, msg)
 
     def _expire_init(self, rdv: InitRendezvous) -> None:
@@ -783,6 +814,73 @@ class Core:
             self._error(a[0].client, a[1], P.NCCL_TIMEOUT, msg)
         # A member that arrives after this has timed out starts a new rendezvous with the
         # same sequence number, which times out in turn and names the members missing then.
+
+    # ------------------------------------------------------------------ faults and events
+
+    def _event(self, event: str, **fields) -> None:
+        """A failure or recovery event for the report's events section (bounded)."""
+        item = {"event": event, "at": self.wall(), **fields}
+        if len(self.events) < self.max_events:
+            self.events.append(item)
+        else:
+            self.dropped_events += 1
+        if self.recording and hasattr(self.recorder, "fault_event"):
+            try:
+                self.recorder.fault_event(item)
+            except Exception:  # the report must never break the data path
+                log.exception("recorder failed on fault_event")
+
+    def _op_failed_event(self, comm: Comm, seq, steps: list, code: int, msg: str, missing: list) -> None:
+        d = steps[0].desc if steps else None
+        self._event("op_failed", comm=comm.id, name=comm.name, seq=seq,
+                    call_seq=d[D_CALL_SEQ] if d else None,
+                    op=P.KIND_NAMES.get(d[D_KIND], str(d[D_KIND])) if d else None,
+                    result=P.RESULT_NAMES.get(code, str(code)) if hasattr(P, "RESULT_NAMES") else code,
+                    arrived_ranks=sorted(s.member.rank for s in steps), missing_ranks=list(missing),
+                    message=msg)
+
+    def _inject(self, client: Client, group: GroupState, descs: list, fault, d, member: Member) -> bool:
+        """Carry out a fault that hit this GROUP frame; True when the frame is not to be
+        submitted now (the rank is killed, dropped, hung or delayed)."""
+        comm = member.comm
+        where = (f"{comm.label()} rank {member.rank} (global {member.global_rank}) call {d[D_CALL_SEQ]} "
+                 f"{describe_op(d)}")
+        info = dict(kind=fault.kind, spec=fault.text, rank=member.global_rank, comm=comm.id,
+                    comm_rank=member.rank, call_seq=d[D_CALL_SEQ], op=P.KIND_NAMES.get(d[D_KIND]))
+        log.warning("fault injected: %s at %s", fault.text, where)
+        if fault.kind == "delay":
+            self._event("fault_injected", ms=fault.ms, **info)
+            self._delayed.append((self.clock() + fault.ms / 1000.0, client, group, descs))
+            return True
+        if fault.kind == "hang":
+            # The call is swallowed: the rank blocks with its connection open, its peers time out.
+            self._event("fault_injected", **info)
+            return True
+        if fault.kind == "kill":
+            info["action"] = self._kill(client)
+        self._event("fault_injected", **info)
+        self._out.append((CLOSE, client.id, f"fault injected: {fault.text} at {where}"))
+        return True
+
+    def _kill(self, client: Client) -> str:
+        pid = client.hello.pid
+        local = client.transport == "unix" or client.hello.hostname == socket.gethostname()
+        if not local or pid <= 1 or pid in (os.getpid(), os.getppid()):
+            return f"connection dropped (pid {pid} on {client.hello.hostname or '?'} cannot be signalled here)"
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError as exc:
+            return f"SIGKILL to pid {pid} failed ({exc.strerror}); connection dropped"
+        return f"SIGKILL sent to pid {pid}"
+
+    def _release_delayed(self, now: float) -> None:
+        due = [x for x in self._delayed if x[0] <= now]
+        if not due:
+            return
+        self._delayed = [x for x in self._delayed if x[0] > now]
+        for _, client, group, descs in due:
+            if not client.closed and client.groups.get(group.request_id) is group:
+                self._submit_group(client, group, descs)
 
     # ------------------------------------------------------------------ simulate
 

@@ -104,6 +104,18 @@ class ReportRecorder:
         if self._ensure(op.comm.global_ranks):
             self._call("op_completed", op)
 
+    def faults_configured(self, faults) -> None:
+        if self.report is None:
+            self._early.append(("faults_configured", (faults,)))
+        else:
+            self._call("faults_configured", faults)
+
+    def fault_event(self, event: dict) -> None:
+        if self.report is None:
+            self._early.append(("fault_event", (event,)))
+        else:
+            self._call("fault_event", event)
+
     def write(self, json_path: str, markdown_path: Optional[str], trace_path: Optional[str]) -> Optional[dict]:
         if not self._ensure():
             from fakegpu.topology import default_topology

@@ -185,6 +185,10 @@ class ClusterReport:
         # Per-estimate sums of its transfers, so a repeated operation (the common case) costs
         # O(ranks + node pairs) instead of O(transfers), e.g. n^2 for an all-to-all.
         self._attributions: dict[int, tuple[costmodel.Estimate, "_Attribution"]] = {}
+        self._faults: list[dict] = []
+        self._events: list[dict] = []
+        self._events_dropped = 0
+        self._event_counts = Counter()
 
     # -- Recorder protocol -------------------------------------------------------------
     def client_connected(self, client: ClientRecord) -> None:
@@ -225,6 +229,20 @@ class ClusterReport:
                 self._unattributed_count += 1
                 if len(self._unattributed) < 20:
                     self._unattributed.append(f"{op.kind} seq {op.seq} on comm {op.comm.comm_id}: {exc}")
+
+    def faults_configured(self, faults) -> None:
+        """The injected faults of this run (fakegpu.coordinator.faults.FaultPlan or dicts)."""
+        with self._lock:
+            self._fault_objs = list(getattr(faults, "faults", faults))
+
+    def fault_event(self, event: dict) -> None:
+        """A failure or recovery event (fault injected, op failed, abort, shrink, disconnect)."""
+        with self._lock:
+            self._event_counts[event.get("event", "?")] += 1
+            if len(self._events) < max(self.max_operations, 100):
+                self._events.append(_jsonable(dict(event)))
+            else:
+                self._events_dropped += 1
 
     # -- accounting ---------------------------------------------------------------------
     def _rank(self, g: int) -> _RankStats:
@@ -554,6 +572,14 @@ class ClusterReport:
                 "operations": [dict(e) for e in self._timeline],
             },
             "notes": notes,
+            "events": {
+                "faults": [_jsonable(f.to_dict() if hasattr(f, "to_dict") else dict(f))
+                           for f in getattr(self, "_fault_objs", [])],
+                "retained": len(self._events),
+                "dropped": self._events_dropped,
+                "by_event": dict(sorted(self._event_counts.items())),
+                "items": [dict(e) for e in self._events],
+            },
         }
 
     def write(self, json_path, markdown_path=None, trace_path=None) -> dict:

@@ -165,6 +165,7 @@ def render_markdown(report: dict) -> str:
         lines += table(("Comm", "Seq", "Operation", "Ranks", "Status", "Error"),
                        ((o["comm_name"] or o["comm_id"], o["seq"], o["kind"], _ranks_text(o["global_ranks"]),
                          o["status"], o["error"][:120]) for o in failed))
+    lines += _events_section(report.get("events"))
     lines += ["", "## What the modeled numbers mean", ""]
     lines += [f"- {note}" for note in report["notes"]]
     lines += [
@@ -194,3 +195,30 @@ def _ranks_text(ranks: list[int]) -> str:
         return f"{ranks[0]}..{ranks[-1]}"
     text = ", ".join(map(str, ranks[:12]))
     return text + (", ..." if len(ranks) > 12 else "")
+
+
+def _events_section(events) -> list[str]:
+    """Failures and recovery (docs/faults.md); nothing when the run had none."""
+    if not events or not (events["items"] or events["faults"]):
+        return []
+    lines = ["", "## Failures and recovery", ""]
+    if events["faults"]:
+        lines += ["Injected faults:", ""]
+        lines += table(("Kind", "Spec", "Fired"),
+                       ((f["kind"], f["spec"], f.get("fired", "-")) for f in events["faults"]))
+        lines.append("")
+    counts = ", ".join(f"{k}: {v}" for k, v in events["by_event"].items()) or "none"
+    lines.append(f"Events: {counts} ({events['dropped']} not retained).")
+    if events["items"]:
+        lines += [""]
+        lines += table(("Time", "Event", "Details"),
+                       ((_dt.datetime.fromtimestamp(e["at"], _dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3],
+                         e["event"], _event_details(e)) for e in events["items"][:50]))
+    return lines
+
+
+def _event_details(e: dict) -> str:
+    keys = ("kind", "spec", "comm", "name", "seq", "call_seq", "op", "rank", "result", "missing_ranks",
+            "action", "reason", "excluded")
+    text = ", ".join(f"{k}={e[k]}" for k in keys if e.get(k) not in (None, "", []))
+    return text.replace("|", "/")[:200]

@@ -102,6 +102,20 @@ _TIMELINE_OP = _obj({
     "inter_node_bytes": _INT,
 })
 
+# Failure and recovery (docs/faults.md): the faults configured, and what happened.
+_EVENTS = _obj({
+    "faults": {"type": "array", "items": {"type": "object", "required": ["kind", "spec"]}},
+    "retained": _INT,
+    "dropped": _INT,
+    "by_event": _COUNTER,
+    "items": {"type": "array", "items": {
+        "type": "object", "required": ["event", "at"],
+        "properties": {"event": {"enum": ["fault_injected", "op_failed", "comm_abort", "comm_shrink",
+                                          "rank_disconnected"]},
+                       "at": {"type": "number"}},
+    }},
+})
+
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": SCHEMA_ID,
@@ -213,7 +227,7 @@ REPORT_SCHEMA = {
             "operations": {"type": "array", "items": _TIMELINE_OP},
         }),
         "notes": {"type": "array", "items": {"type": "string"}},
-    }),
+    }, {"events": _EVENTS}),
 }
 
 

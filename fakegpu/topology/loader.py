@@ -143,7 +143,29 @@ def parse_cluster_config(text: str, source: str = "<string>") -> Topology:
         raise ClusterConfigError(doc.issues)
     topology = _to_topology(data, source)
     topology.warnings.extend(_plausibility_warnings(doc, data))
+    if data.get("faults"):
+        topology.faults = _faults(doc, data["faults"], topology)
     return topology
+
+
+def _faults(doc: _Document, items: list, topology: Topology) -> list:
+    """The `faults:` section, validated like FAKEGPU_FAULTS (docs/faults.md)."""
+    from fakegpu.coordinator.faults import FaultPlan, FaultSpecError, parse_fault_yaml
+
+    faults = []
+    for i, item in enumerate(items):
+        try:
+            faults.extend(parse_fault_yaml([item], source=f"faults[{i}]"))
+        except FaultSpecError as exc:
+            doc.issue(("faults", i), str(exc).split(": ", 1)[-1])
+    if not doc.issues:
+        try:
+            FaultPlan(faults).apply_slow_links(topology)
+        except FaultSpecError as exc:
+            doc.issue(("faults",), str(exc))
+    if doc.issues:
+        raise ClusterConfigError(doc.issues)
+    return faults
 
 
 # NVLink's slowest generation in the catalogue moves 300 GB/s = 2400 Gb/s per GPU.

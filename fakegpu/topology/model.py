@@ -72,6 +72,10 @@ class Topology:
     warnings: list[str] = field(default_factory=list)   # plausible but suspicious inputs
     _rank_node: dict[int, int] = field(default_factory=dict, repr=False)
     _rank_local: dict[int, int] = field(default_factory=dict, repr=False)
+    # Injected faults (fakegpu.coordinator.faults.Fault) from the YAML's `faults:` section,
+    # and the slowed node pairs (node index pair -> factor) that slow_link faults set.
+    faults: list = field(default_factory=list, repr=False)
+    link_factors: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -142,6 +146,15 @@ class Topology:
             return LinkParams("intra_node", self.intra_node.type, bw, self.intra_node.latency_us * 1e-6)
         bw = min(self.nic_bytes_per_s(na), self.nic_bytes_per_s(nb))
         return LinkParams("inter_node", self.inter_node.type, bw, self.inter_node.latency_us * 1e-6)
+
+    def set_link_factor(self, node_a: int, node_b: int, factor: float) -> None:
+        self.link_factors[(min(node_a, node_b), max(node_a, node_b))] = float(factor)
+
+    def link_factor(self, node_a: int, node_b: int) -> float:
+        """How many times slower than modeled the link between two nodes is (slow_link)."""
+        if not self.link_factors:
+            return 1.0
+        return self.link_factors.get((min(node_a, node_b), max(node_a, node_b)), 1.0)
 
     def to_dict(self) -> dict:
         return {

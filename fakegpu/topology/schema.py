@@ -63,6 +63,8 @@ CLUSTER_CONFIG_SCHEMA = {
                 },
             },
         },
+        # Checked by fakegpu.coordinator.faults (same rules as FAKEGPU_FAULTS, docs/faults.md).
+        "faults": {"type": "array", "items": {"type": "object", "required": ["kind"]}},
         "fabric": {
             "type": "object",
             "required": ["intra_node"],
