@@ -73,6 +73,29 @@ class MLP(nn.Module):
         return out
 
 
+def train(model: nn.Module, steps: int, batch_rank: int,
+          input_dtype: "torch.dtype | None" = None) -> list[float]:
+    """The shared SGD loop of the sharded workloads; returns the loss of each step.
+
+    ``batch_rank`` picks the data: the rank itself for data parallelism, 0 where every rank
+    must see the same batch (tensor parallelism).
+    """
+    import torch.nn.functional as F
+
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step, batch_rank)
+        if input_dtype is not None:
+            x = x.to(input_dtype)
+        loss = F.mse_loss(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     to_local = getattr(t, "to_local", None)
     t = to_local() if callable(to_local) else t

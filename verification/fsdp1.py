@@ -19,15 +19,7 @@ def main() -> None:
     common.seed_model()
     model = FSDP(common.MLP(), sharding_strategy=ShardingStrategy.FULL_SHARD,
                  device_id=torch.device("cpu"), use_orig_params=False)
-    opt = torch.optim.SGD(model.parameters(), lr=common.LR)
-    losses = []
-    for step in range(args.steps):
-        opt.zero_grad()
-        x, y = common.batch(step, rank)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = common.train(model, args.steps, rank)
     # The local flat-parameter shard of each rank.
     common.save(args.out, rank, model.named_parameters(), losses)
     common.finish()

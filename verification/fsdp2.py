@@ -24,17 +24,8 @@ def main() -> None:
     for layer in (model.fc1, model.fc2):
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    opt = torch.optim.SGD(model.parameters(), lr=common.LR)
-    losses = []
-    for step in range(args.steps):
-        opt.zero_grad()
-        x, y = common.batch(step, rank)
-        if args.variant == "bf16":
-            x = x.to(torch.bfloat16)
-        loss = F.mse_loss(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = common.train(model, args.steps, rank,
+                          torch.bfloat16 if args.variant == "bf16" else None)
     common.save(args.out, rank, model.named_parameters(), losses)
     common.finish()
 

@@ -26,15 +26,7 @@ def main() -> None:
     for layer in (model.fc1, model.fc2):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=common.LR)
-    losses = []
-    for step in range(args.steps):
-        opt.zero_grad()
-        x, y = common.batch(step, rank)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = common.train(model, args.steps, rank)
     common.save(args.out, rank, model.named_parameters(), losses)
     common.finish()
 

@@ -22,15 +22,7 @@ def main() -> None:
     common.seed_model()
     model = common.MLP(hidden=16)
     parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    opt = torch.optim.SGD(model.parameters(), lr=common.LR)
-    losses = []
-    for step in range(args.steps):
-        opt.zero_grad()
-        x, y = common.batch(step, 0)  # TP: every rank sees the same batch
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = common.train(model, args.steps, 0)  # TP: every rank sees the same batch
     common.save(args.out, rank, model.named_parameters(), losses)
     common.finish()
 
