@@ -1,0 +1,92 @@
+"""Elastic restart after an injected failure: `fgpu -- torchrun --max-restarts 1` with the
+`fakegpu` backend; the cluster YAML's `faults:` section SIGKILLs rank 1 at its 3rd call on
+a communicator. Faults fire once per coordinator, and fgpu's coordinator outlives the first
+attempt, so the restarted attempt runs clean and the job finishes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fakegpu import launcher
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
+    pytest.mark.skipif(launcher.torch_autoload_dir() is None, reason="fakegpu.torch ships no autoload hook"),
+]
+
+SCRIPT = textwrap.dedent("""
+    import json, os
+    import torch
+    import torch.distributed as dist
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("fakegpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with open("attempt%d-rank%d.started" % (attempt, rank), "w"):
+        pass
+    for step in range(6):
+        t = torch.full((256,), float(rank + step))
+        dist.all_reduce(t)
+        assert torch.all(t == sum(r + step for r in range(world))), (step, t[:3])
+    dist.destroy_process_group()
+    with open("rank%d.json" % rank, "w") as f:
+        json.dump({"attempt": attempt, "steps": 6}, f)
+""")
+
+YAML = textwrap.dedent("""
+    version: 1
+    cluster: {name: elastic-two-nodes}
+    nodes:
+      - {id: n0, host: 127.0.0.1, ranks: [0], gpus: [{profile: a100}]}
+      - {id: n1, host: 127.0.0.1, ranks: [1], gpus: [{profile: a100}]}
+    fabric:
+      intra_node: {type: nvlink, bandwidth_gbps: 300, latency_us: 3}
+      inter_node: {type: infiniband, bandwidth_gbps: 200, latency_us: 15}
+    faults:
+      - {kind: kill, rank: 1, seq: 3}
+""")
+
+
+def test_torchrun_restarts_after_injected_kill_and_finishes(tmp_path, shim_library):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "cluster.yaml").write_text(YAML)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env["FAKEGPU_NCCL_LIBRARY"] = shim_library
+    env["FAKEGPU_COORDINATOR_TIMEOUT_MS"] = "5000"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fakegpu", "run", "--cluster-config", "cluster.yaml", "--report", "run.json", "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "1", "--monitor-interval", "0.2", "train.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail("fgpu -- torchrun did not finish within 300 s:\n" + err[-5000:])
+    assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    assert (tmp_path / "attempt0-rank1.started").exists()          # the first attempt ran ...
+    for rank in range(2):                                          # ... and the second finished
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"attempt": 1, "steps": 6}
+    check = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", "run.json"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    events = report["events"]
+    assert events["faults"] == [{"kind": "kill", "spec": "kill:rank=1:seq=3", "rank": 1, "seq": 3, "op": None,
+                                 "count": 1, "fired": 1}]
+    injected = [e for e in events["items"] if e["event"] == "fault_injected"]
+    assert len(injected) == 1 and "SIGKILL" in injected[0]["action"]
+    assert report["totals"]["by_status"].get("ok", 0) >= 6
