@@ -14,6 +14,7 @@ CI that want fast failure set a small value explicitly.
 from __future__ import annotations
 
 import os
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -87,6 +88,16 @@ def parse_tcp_address(text: str, what: str = "address") -> tuple[str, int]:
     if port_no > 65535:
         raise ConfigError(f"{what}={text!r}: port {port_no} is above 65535")
     return host, port_no
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for names and addresses that never leave this machine."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

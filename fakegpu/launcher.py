@@ -18,7 +18,6 @@ import collections
 import ctypes
 import dataclasses
 import importlib.util
-import ipaddress
 import json
 import os
 import queue
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import fakegpu
+from fakegpu.env import is_loopback_host, parse_size, parse_tcp_address  # noqa: F401 (re-exported)
 
 COMPUTE_MODES = ("simulate", "hybrid")
 # Distribution modes, and whether each one needs a coordinator. fake and real_pp_fake_spmd
@@ -73,46 +73,6 @@ class CommandNotRunnable(LaunchError):
 
 # ---------------------------------------------------------------------------------------------
 # Parsing helpers
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '4MiB', '4M', '64K', '1048576' (K/M/G/T are powers of 1024, as in nccl-tests)."""
-    match = _SIZE_RE.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a size (examples: 1048576, 64K, 4MiB, 1G)")
-    number, unit, _ = match.groups()
-    scale = 1024 ** "bkmgt".index(unit.lower() or "b")
-    value = float(number) * scale
-    if value != int(value):
-        raise ValueError(f"{text!r} is not a whole number of bytes")
-    return int(value)
-
-
-def parse_tcp_address(text: str) -> tuple[str, int]:
-    """(host, port) from 'HOST:PORT' or '[IPv6]:PORT'."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{text!r} is not HOST:PORT (example: 127.0.0.1:29591)")
-    number = int(port)
-    if not 0 <= number <= 65535:
-        raise ValueError(f"port {number} in {text!r} is outside 0..65535")
-    return host, number
-
-
-def is_loopback_host(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def guess_transport(address: str) -> str:

@@ -96,7 +96,7 @@ TWO_NODE_YAML = textwrap.dedent("""
 
 @pytest.mark.parametrize("text, value", [
     ("1048576", 1 << 20), ("64K", 64 << 10), ("4MiB", 4 << 20), ("4M", 4 << 20), ("1G", 1 << 30),
-    ("2KB", 2048), ("0.5M", 512 << 10),
+    ("2KB", 2000), ("2KiB", 2048), ("0.5M", 512 << 10),
 ])
 def test_parse_size(text, value):
     assert launcher.parse_size(text) == value

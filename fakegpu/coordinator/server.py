@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import logging
 import mmap
 import os
@@ -27,6 +26,7 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu.coordinator import core as C
+from fakegpu.env import is_loopback_host
 
 log = logging.getLogger("fakegpu.coordinator")
 
@@ -36,15 +36,6 @@ SOCKET_BUFFER_BYTES = 4 << 20
 
 class ServerError(RuntimeError):
     """The coordinator cannot listen where it was asked to (message says why)."""
-
-
-def is_loopback_host(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def map_shm_segment(name: str, S: int):
