@@ -16,6 +16,8 @@ of the narrow types stay bounded whatever the payload.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -105,13 +107,9 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
         return
     func = _BINARY[redop]
     premul = redop == P.REDOP_PREMULSUM
-    if premul:
-        svals = [decode_scalar(dt, s) for s in scalars]
-    block = max(1, BLOCK_BYTES // dt.size)
-    first = outputs[0]
-    rest = outputs[1:]
-    if not dt.narrow and not premul and count <= block:
+    if not dt.narrow and not premul and count * dt.size <= BLOCK_BYTES:
         # Small payloads (the latency path): one pass, no block slicing.
+        first = outputs[0]
         if n == 1:
             np.copyto(first, inputs[0])
         else:
@@ -123,47 +121,59 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
                 np.divide(first, dt.np.type(n), out=first)
             else:
                 _int_truncating_divide(first, n)
-        for r in rest:
+        for r in outputs[1:]:
             np.copyto(r, first)
         return
+    svals = [decode_scalar(dt, s) for s in scalars] if premul else None
+    run_in_parallel(count, dt.size * (n + len(outputs)),
+                    lambda lo, hi: _reduce_range(dt, redop, func, svals, inputs, outputs, lo, hi))
+
+
+def _reduce_range(dt: DType, redop: int, func, svals, inputs, outputs, lo: int, hi: int) -> None:
+    """reduce_into for elements [lo, hi), block by block."""
+    n = len(inputs)
+    premul = svals is not None
+    block = max(1, BLOCK_BYTES // dt.size)
+    first = outputs[0]
+    rest = outputs[1:]
+    m = min(block, hi - lo)
     if not dt.narrow:
-        tmp = np.empty(min(block, count), dtype=dt.np) if premul else None
-        for lo in range(0, count, block):
-            hi = min(lo + block, count)
-            o = first[lo:hi]
+        tmp = np.empty(m, dtype=dt.np) if premul else None
+        for b in range(lo, hi, block):
+            e = min(b + block, hi)
+            o = first[b:e]
             if premul:
-                np.multiply(inputs[0][lo:hi], svals[0], out=o)
-                t = tmp[:hi - lo]
+                np.multiply(inputs[0][b:e], svals[0], out=o)
+                t = tmp[:e - b]
                 for i in range(1, n):
-                    np.multiply(inputs[i][lo:hi], svals[i], out=t)
+                    np.multiply(inputs[i][b:e], svals[i], out=t)
                     np.add(o, t, out=o)
             elif n == 1:
-                np.copyto(o, inputs[0][lo:hi])
+                np.copyto(o, inputs[0][b:e])
             else:
-                func(inputs[0][lo:hi], inputs[1][lo:hi], out=o)
+                func(inputs[0][b:e], inputs[1][b:e], out=o)
                 for i in range(2, n):
-                    func(o, inputs[i][lo:hi], out=o)
+                    func(o, inputs[i][b:e], out=o)
             if redop == P.REDOP_AVG:
                 if dt.is_float:
                     np.divide(o, dt.np.type(n), out=o)
                 else:
                     _int_truncating_divide(o, n)
             for r in rest:
-                np.copyto(r[lo:hi], o)
+                np.copyto(r[b:e], o)
         return
     # Narrow floating types: fold into a float32 block, round once.
-    m = min(block, count)
     acc_buf = np.empty(m, dtype=dt.acc)
     tmp_buf = np.empty(m, dtype=dt.acc)
-    for lo in range(0, count, block):
-        hi = min(lo + block, count)
-        acc = acc_buf[:hi - lo]
-        tmp = tmp_buf[:hi - lo]
-        np.copyto(acc, inputs[0][lo:hi], casting="unsafe")
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        acc = acc_buf[:e - b]
+        tmp = tmp_buf[:e - b]
+        widen(dt, inputs[0][b:e], acc)
         if premul:
             np.multiply(acc, svals[0], out=acc)
         for i in range(1, n):
-            np.copyto(tmp, inputs[i][lo:hi], casting="unsafe")
+            widen(dt, inputs[i][b:e], tmp)
             if premul:
                 np.multiply(tmp, svals[i], out=tmp)
             func(acc, tmp, out=acc)
@@ -171,10 +181,85 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
             np.divide(acc, dt.acc.type(n), out=acc)
         if dt.saturate is not None:
             np.clip(acc, -dt.saturate, dt.saturate, out=acc)
-        o = first[lo:hi]
+        o = first[b:e]
         np.copyto(o, acc, casting="unsafe")
         for r in rest:
-            np.copyto(r[lo:hi], o)
+            np.copyto(r[b:e], o)
+
+
+def widen(dt: DType, src: np.ndarray, dst: np.ndarray) -> None:
+    """dst (float32) = src (a narrow float type), exactly. float8 goes through a 256-entry
+    table (much faster than ml_dtypes' cast)."""
+    table = _WIDEN_TABLES.get(dt.code)
+    if table is not None:
+        np.take(table, src.view(np.uint8), out=dst)
+    else:
+        np.copyto(dst, src, casting="unsafe")
+
+
+_WIDEN_TABLES = {code: np.arange(256, dtype=np.uint8).view(DTYPES[code].np).astype(np.float32)
+                 for code in (10, 11)}
+
+
+# -- parallel execution of large copies and reductions -------------------------------------
+# The ranks are blocked waiting while the coordinator reduces, so their cores are idle:
+# numpy releases the GIL in ufuncs and copies, and splitting a large payload over a few
+# threads cuts the coordinator's part of a big collective roughly by the core count.
+
+PARALLEL_MIN_BYTES = 4 << 20   # bytes touched below which one thread is faster
+
+
+def _worker_count() -> int:
+    """FAKEGPU_REDUCE_THREADS, else the CPUs this process may use (at most 8)."""
+    raw = os.environ.get("FAKEGPU_REDUCE_THREADS", "").strip()
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            raise ValueError(f"FAKEGPU_REDUCE_THREADS={raw!r} is not a whole number") from None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus))
+
+
+_MAX_WORKERS = _worker_count()
+_pool: Optional[ThreadPoolExecutor] = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=_MAX_WORKERS - 1, thread_name_prefix="fakegpu-reduce")
+    return _pool
+
+
+def run_in_parallel(count: int, bytes_per_element: int, work, align: int = 4096) -> None:
+    """Run ``work(lo, hi)`` over [0, count), split into up to one piece per CPU when the
+    bytes touched make it worth it. Pieces are multiples of ``align`` elements (so block
+    boundaries and cache lines are not shared between threads). Exceptions propagate."""
+    pieces = 1
+    if _MAX_WORKERS > 1:
+        pieces = min(_MAX_WORKERS, (count * bytes_per_element) // PARALLEL_MIN_BYTES + 1,
+                     max(1, count // align))
+    if pieces <= 1:
+        work(0, count)
+        return
+    step = -(-count // pieces)
+    step = -(-step // align) * align
+    bounds = [(lo, min(lo + step, count)) for lo in range(0, count, step)]
+    pool = _get_pool()
+    futures = [pool.submit(work, lo, hi) for lo, hi in bounds[1:]]
+    error = None
+    try:
+        work(*bounds[0])
+    except BaseException as exc:  # still wait for the others: they write the same outputs
+        error = exc
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def reference_reduce(dt: DType, redop: int, inputs: Sequence[np.ndarray],
