@@ -162,6 +162,8 @@ void log_event(const Contract& c, const std::string& json_object) {
   Log& log = the_log();
   std::lock_guard<std::mutex> lk(log.mu);
   if (log.finished) return;
+  // A forked child shares the parent's file: its operations are not the logical rank's.
+  if (log.opened && log.owner != getpid()) return;
   if (!log.opened) {
     log.opened = true;
     log.owner = getpid();
