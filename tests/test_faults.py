@@ -119,7 +119,7 @@ def start_ranks(nranks: int, coordinator, library: str, plan: dict, run_dir: Pat
     for rank in range(nranks):
         log = open(run_dir / f"log-{rank}.txt", "w")
         procs.append(subprocess.Popen([sys.executable, str(HERE), "worker", str(run_dir), str(rank), str(nranks),
-                                       json.dumps(plan)], env=child, stdout=log, stderr=subprocess.STDOUT,
+                                       json.dumps(plan)], env={**child, "RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL))
     return procs
 
