@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,12 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_split(pid: int) -> tuple:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bench", required=True, help="path of the built shim_bench executable")
@@ -34,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--max", type=int, default=16 << 20)
     p.add_argument("--factor", type=int, default=16)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--py-spy", help="sample the coordinator with py-spy while the ranks run; "
+                                      "flat profile to this file")
     p.add_argument("--profile", help="cProfile the coordinator, top functions to this file")
     args = p.parse_args(argv)
 
@@ -45,7 +54,6 @@ def main(argv=None) -> int:
             addr = str(tmp / "c.sock")
             listen = ["--transport", "unix", "--address", addr]
         else:
-            import socket
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -62,13 +70,28 @@ def main(argv=None) -> int:
                 if time.time() > deadline or coord.poll() is not None:
                     raise SystemExit("coordinator did not start")
                 time.sleep(0.05)
+            while args.transport == "tcp":
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline or coord.poll() is not None:
+                        raise SystemExit("coordinator did not start")
+                    time.sleep(0.05)
             time.sleep(0.3)
+            coord_cpu0 = _cpu_seconds(coord.pid)
+            split0 = _cpu_split(coord.pid)  # imports and startup are not per-op costs
             renv = dict(env, FAKEGPU_COORDINATOR_ADDR=addr, FAKEGPU_COORDINATOR_TRANSPORT=args.transport,
                         WORLD_SIZE=str(args.ranks), LD_LIBRARY_PATH=str(lib.parent))
             ranks = [subprocess.Popen([args.bench, str(tmp / "uid"), str(args.min), str(args.max),
                                        str(args.factor), str(args.iters)],
                                       env=dict(renv, RANK=str(r), LOCAL_RANK=str(r)))
                      for r in range(args.ranks)]
+            spy = None
+            if args.py_spy:
+                spy = subprocess.Popen(["py-spy", "record", "--pid", str(coord.pid), "--format", "raw",
+                                        "-r", "500", "-o", args.py_spy],
+                                       stdout=subprocess.DEVNULL)
             rc = 0
             rank_cpu = 0.0
             rank_faults = 0
@@ -78,14 +101,18 @@ def main(argv=None) -> int:
                 rc |= r.returncode
                 rank_cpu += usage.ru_utime + usage.ru_stime
                 rank_faults += usage.ru_minflt
-            coord_cpu = _cpu_seconds(coord.pid)
+            coord_cpu = _cpu_seconds(coord.pid) - coord_cpu0
+            split = [a - b for a, b in zip(_cpu_split(coord.pid), split0)]
+            if spy is not None:
+                spy.send_signal(2)
+                spy.wait(60)
             sizes, b = 0, args.min
             while b <= args.max:
                 sizes += 1
                 b = args.max if b * args.factor > args.max and b < args.max else b * args.factor
             ops = sizes * (args.iters + 5)
             print(f"# CPU per op (all sizes, incl. warmup): coordinator {coord_cpu / ops * 1e6:.1f} us, "
-                  f"ranks together {rank_cpu / ops * 1e6:.1f} us, {rank_faults / ops:.0f} page faults (load {os.getloadavg()[0]:.2f})")
+                  f"(user {split[0] / ops * 1e6:.0f}, system {split[1] / ops * 1e6:.0f}), ranks together {rank_cpu / ops * 1e6:.1f} us, {rank_faults / ops:.0f} page faults (load {os.getloadavg()[0]:.2f})")
         finally:
             subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--shutdown", addr],
                            env=env, capture_output=True, timeout=30)

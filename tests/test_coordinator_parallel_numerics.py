@@ -59,3 +59,21 @@ def test_bad_thread_count_is_named(monkeypatch):
     monkeypatch.setenv("FAKEGPU_REDUCE_THREADS", "many")
     with pytest.raises(ValueError, match="FAKEGPU_REDUCE_THREADS"):
         N._worker_count()
+
+
+def test_threaded_broadcast_and_allgather_copy_every_byte(monkeypatch):
+    from fakegpu.coordinator.collectives import allgather, broadcast
+    monkeypatch.setattr(N, "PARALLEL_MIN_BYTES", 1 << 12)
+    monkeypatch.setattr(N, "_MAX_WORKERS", 3)
+    dt = N.DTYPES[7]
+    n, count = 3, 100_003
+    rng = np.random.default_rng(7)
+    ins = [rng.integers(0, 255, count * 4, dtype=np.uint8) for _ in range(n)]
+    outs = [np.zeros(count * 4, dtype=np.uint8) for _ in range(n)]
+    broadcast.execute(dt, 0, count, 1, ins, outs, None)
+    for o in outs:
+        assert np.array_equal(o, ins[1])
+    outs = [np.zeros(n * count * 4, dtype=np.uint8) for _ in range(n)]
+    allgather.execute(dt, 0, count, -1, ins, outs, None)
+    for o in outs:
+        assert np.array_equal(o, np.concatenate(ins))
