@@ -522,3 +522,57 @@ def test_device_buffers_bounce_through_the_cuda_runtime(shim_library, tmp_path):
     # The worker itself copies 4 times to the host and 3 times to the device; the rest are the shim's
     # bounces (the fake runtime segfaults on any direct access).
     assert result["d2h"] >= 4 + 5 and result["h2d"] >= 3 + 3, result
+
+
+LIFECYCLE_WORKER = r"""
+import json
+import numpy as np
+from fakegpu.nccl import Nccl, NcclError
+nccl = Nccl()
+seen = {}
+# Non-blocking init completes in the background, as in NCCL.
+nb = nccl.comm_init_rank(8, nccl.get_unique_id(), 2, blocking=False)
+nb.wait_ready(timeout_s=30)
+seen["nonblocking"] = [nb.rank, nb.size]
+# Inits inside a group complete at the outermost ncclGroupEnd.
+nccl.group_start()
+g = nccl.comm_init_rank(4, nccl.get_unique_id(), 1)
+nccl.group_end()
+seen["in_group"] = [g.rank, g.size]
+# ncclCommInitAll: one process, several comm ranks of a sub-world.
+comms = nccl.comm_init_all(4)
+seen["init_all"] = [[c.rank, c.size] for c in comms]
+x = np.full(3, 2, np.int64)
+nccl.group_start()
+for c in comms:
+    c.all_reduce(x, x, 3, np.int64, "sum")        # each: the sum of 4 copies of x
+nccl.group_end()
+seen["init_all_result"] = x.tolist()
+# Argument errors fail the call only; the communicator stays usable.
+try:
+    g.all_reduce(x, x, 3, 77, "sum")
+except NcclError as exc:
+    seen["bad_dtype"] = [exc.result, nccl.last_error()]
+g.all_reduce(x, x, 3, np.int64, "max")
+seen["after_error"] = x.tolist()
+try:
+    nccl.comm_init_rank(32, nccl.get_unique_id(), 0)
+except NcclError as exc:
+    seen["too_big"] = [exc.result, nccl.last_error()]
+g.finalize(); g.destroy(); nb.abort()
+for c in comms:
+    c.destroy()
+print(json.dumps(seen))
+"""
+
+
+def test_communicator_lifecycle_in_fake_mode(shim_library, tmp_path):
+    done = _run(LIFECYCLE_WORKER, _env(shim_library, NGPU=16, FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["nonblocking"] == [2, 8] and seen["in_group"] == [1, 4]
+    assert seen["init_all"] == [[i, 4] for i in range(4)]
+    assert seen["init_all_result"] == [2 * 4 ** 4] * 3          # four in-place sums of 4 copies
+    assert seen["bad_dtype"][0] == 4 and "invalid datatype 77" in seen["bad_dtype"][1]
+    assert seen["after_error"] == [2 * 4 ** 4] * 3
+    assert seen["too_big"][0] == 4 and "larger than the logical world NGPU=16" in seen["too_big"][1]
