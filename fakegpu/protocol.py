@@ -41,6 +41,7 @@ COMM_INIT = 10
 COMM_INFO = 11
 COMM_SPLIT = 12
 COMM_FREE = 13
+COMM_SHRINK = 14
 GROUP = 20
 GROUP_DONE = 21
 SIMULATE = 22
@@ -52,11 +53,11 @@ SHUTDOWN = 32
 MESSAGE_NAMES = {
     HELLO: "HELLO", HELLO_OK: "HELLO_OK", ERROR: "ERROR", OK: "OK",
     COMM_INIT: "COMM_INIT", COMM_INFO: "COMM_INFO", COMM_SPLIT: "COMM_SPLIT",
-    COMM_FREE: "COMM_FREE", GROUP: "GROUP", GROUP_DONE: "GROUP_DONE",
+    COMM_FREE: "COMM_FREE", COMM_SHRINK: "COMM_SHRINK", GROUP: "GROUP", GROUP_DONE: "GROUP_DONE",
     SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE", PING: "PING", PONG: "PONG",
     SHUTDOWN: "SHUTDOWN",
 }
-CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, GROUP, SIMULATE, PING, SHUTDOWN})
+CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, GROUP, SIMULATE, PING, SHUTDOWN})
 SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
 
 # HELLO / HELLO_OK flags.
@@ -204,6 +205,16 @@ class CommSplit:
 
 
 @dataclass(frozen=True)
+class CommShrink:
+    """ncclCommShrink: a new communicator of the parent's members minus ``excluded``."""
+    TYPE: ClassVar[int] = COMM_SHRINK
+    parent_handle: int
+    flags: int = 0
+    excluded: tuple = ()
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class CommFree:
     TYPE: ClassVar[int] = COMM_FREE
     comm_handle: int
@@ -294,7 +305,7 @@ class Shutdown:
     token: str = ""
 
 
-Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommFree, Group,
+Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommShrink, CommFree, Group,
                 GroupDone, Simulate, SimulateDone, Ping, Pong, Shutdown]
 
 # --------------------------------------------------------------------------- encoding
@@ -308,6 +319,7 @@ _COMM_INIT_TAIL = struct.Struct("<ii")
 _COMM_INFO_FIXED = struct.Struct("<Qii")
 _COMM_SPLIT_FIXED = struct.Struct("<Qii")
 _COMM_FREE = struct.Struct("<QI")
+_COMM_SHRINK_FIXED = struct.Struct("<QII")
 _GROUP_PREFIX = struct.Struct("<II")
 _F64 = struct.Struct("<d")
 
@@ -359,6 +371,11 @@ def encode_body(msg: Message) -> bytes:
                 + encode_str(msg.name))
     if t == COMM_FREE:
         return _pack(_COMM_FREE, "COMM_FREE", msg.comm_handle, msg.how)
+    if t == COMM_SHRINK:
+        excluded = tuple(msg.excluded)
+        return (_pack(_COMM_SHRINK_FIXED, "COMM_SHRINK", msg.parent_handle, msg.flags, len(excluded))
+                + _pack(struct.Struct(f"<{len(excluded)}i"), "COMM_SHRINK excluded", *excluded)
+                + encode_str(msg.name))
     if t == GROUP:
         return (_pack(_GROUP_PREFIX, "GROUP", len(msg.ops), msg.flags)
                 + b"".join(op.pack() for op in msg.ops) + bytes(msg.payload))
@@ -473,6 +490,12 @@ def decode_body(msg_type: int, body) -> Message:
         msg = CommSplit(parent, color, key, r.str("name"))
     elif msg_type == COMM_FREE:
         msg = CommFree(*r.unpack(_COMM_FREE, "fields"))
+    elif msg_type == COMM_SHRINK:
+        parent, flags, n_excluded = r.unpack(_COMM_SHRINK_FIXED, "fixed fields")
+        if n_excluded > MAX_SMALL_BODY // 4:
+            raise ProtocolError(f"COMM_SHRINK n_excluded {n_excluded} is larger than a body can hold")
+        excluded = r.unpack(struct.Struct(f"<{n_excluded}i"), "excluded")
+        msg = CommShrink(parent, flags, tuple(excluded), r.str("name"))
     elif msg_type in (GROUP, SIMULATE):
         n_ops, flags = r.unpack(_GROUP_PREFIX, "n_ops/flags")
         ops = decode_ops(r, n_ops)

@@ -77,7 +77,18 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
             time.sleep(plan["pause_s"])
     save()
     survivors = plan.get("recover")
-    if out["error"] and survivors and rank in survivors:
+    excluded = plan.get("shrink")
+    if out["error"] and excluded is not None and rank not in excluded:
+        new = shrink(nccl, comm, excluded)      # recovery: the same communicator minus the dead
+        out["shrunk"] = {"rank": new.rank, "size": new.size}
+        send = np.full(COUNT, rank + 1, dtype=np.float32)
+        recv = np.zeros(COUNT, dtype=np.float32)
+        new.all_reduce(send, recv, COUNT, np.float32, "sum")
+        out["recovered_sum"] = float(recv[0])
+        new.destroy()
+        comm.abort()
+        save()
+    elif out["error"] and survivors and rank in survivors:
         comm.abort()                       # recovery: abort, then a new communicator of the survivors
         new_rank = survivors.index(rank)
         new = nccl.comm_init_rank(len(survivors), uid("survivors", new_rank == 0), new_rank, name="survivors")
@@ -90,6 +101,23 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
     elif not out["error"]:
         comm.destroy()
     return 0
+
+
+def shrink(nccl, comm, excluded: list):
+    """ncclCommShrink through ctypes (the cffi binding does not declare it)."""
+    import ctypes
+
+    from fakegpu.nccl import Comm, NcclError
+
+    lib = ctypes.CDLL(nccl.path)
+    lib.ncclCommShrink.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int]
+    out = ctypes.c_void_p()
+    ranks = (ctypes.c_int * max(1, len(excluded)))(*excluded)
+    rc = lib.ncclCommShrink(comm.handle, ranks, len(excluded), ctypes.byref(out), None, 0)
+    if rc != 0:
+        raise NcclError(rc, "ncclCommShrink", nccl.last_error(comm))
+    return Comm(nccl, nccl.ffi.cast("ncclComm_t", out.value))
 
 
 # ----------------------------------------------------------------------------- harness
@@ -289,6 +317,19 @@ def test_abort_then_survivors_build_a_new_communicator(library):
     aborts = [e for e in report["events"]["items"] if e["event"] == "comm_abort"]
     assert {e["rank"] for e in aborts} == {0, 1}
     assert any(c["name"] == "survivors" and c["operations"] == 1 for c in report["communicators"])
+
+
+def test_shrink_excluding_the_dead_rank_gives_a_working_communicator(library):
+    run_dir, codes, report, _ = run_fault(library, "kill:rank=1:seq=3", plan={"shrink": [1]})
+    res = results(run_dir, [0, 2])
+    assert res[0]["shrunk"] == {"rank": 0, "size": 2} and res[2]["shrunk"] == {"rank": 1, "size": 2}
+    for r in (0, 2):
+        assert res[r]["error"]["result"] == "ncclRemoteError"
+        assert res[r]["recovered_sum"] == 1 + 3                        # global ranks 0 and 2 contribute r+1
+    shrinks = [e for e in report["events"]["items"] if e["event"] == "comm_shrink"]
+    assert len(shrinks) == 1 and shrinks[0]["excluded"] == [1] and shrinks[0]["members"] == [0, 2]
+    child = [c for c in report["communicators"] if c["id"] == shrinks[0]["comm"]][0]
+    assert child["parent_id"] == shrinks[0]["parent"] and child["members"] == [0, 2] and child["operations"] == 1
 
 
 def test_timings_summary():

@@ -85,6 +85,8 @@ def _vector_messages():
         ("comm_info_nocolor", 6, P.CommInfo(comm_handle=0, rank=-1, global_ranks=())),
         ("comm_split", 6, P.CommSplit(parent_handle=0x100000002, color=1, key=-5, name="tp")),
         ("comm_split_nocolor", 7, P.CommSplit(parent_handle=9, color=-1, key=0, name="")),
+        ("comm_shrink", 18, P.CommShrink(parent_handle=0x100000002, flags=1, excluded=(1, 3), name="survivors")),
+        ("comm_shrink_none_excluded", 19, P.CommShrink(parent_handle=5, flags=0, excluded=(), name="")),
         ("comm_free_destroy", 8, P.CommFree(comm_handle=0x100000002, how=P.FREE_DESTROY)),
         ("comm_free_abort", 8, P.CommFree(comm_handle=5, how=P.FREE_ABORT)),
         ("comm_free_finalize", 8, P.CommFree(comm_handle=5, how=P.FREE_FINALIZE)),
@@ -152,10 +154,12 @@ def _message_from_fields(msg_type: int, fields: dict):
     if msg_type == P.GROUP_DONE:
         f.pop("n_ops")
         f["results"] = tuple(f["results"])
+    if msg_type == P.COMM_SHRINK:
+        f["excluded"] = tuple(f["excluded"])
     if msg_type == P.COMM_INFO:
         f.pop("nranks")
         f["global_ranks"] = tuple(f["global_ranks"])
-    cls = {c.TYPE: c for c in (P.Hello, P.HelloOk, P.Error, P.Ok, P.CommInit, P.CommInfo, P.CommSplit,
+    cls = {c.TYPE: c for c in (P.Hello, P.HelloOk, P.Error, P.Ok, P.CommInit, P.CommInfo, P.CommSplit, P.CommShrink,
                                P.CommFree, P.Group, P.GroupDone, P.Simulate, P.SimulateDone, P.Ping,
                                P.Pong, P.Shutdown)}[msg_type]
     return cls(**f)

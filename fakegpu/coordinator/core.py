@@ -39,7 +39,7 @@ from fakegpu.coordinator.matching import (
     mismatch_message, validate)
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
-    Client, Comm, InitRendezvous, Member, SplitRendezvous, assign_global_ranks)
+    Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous, assign_global_ranks)
 
 log = logging.getLogger("fakegpu.coordinator")
 
@@ -158,6 +158,8 @@ class Core:
                 self._comm_split(client, frame)
             elif t == P.COMM_FREE:
                 self._comm_free(client, frame)
+            elif t == P.COMM_SHRINK:
+                self._comm_shrink(client, frame)
             elif t == P.SIMULATE:
                 self._simulate(client, frame)
             elif t == P.PING:
@@ -218,6 +220,8 @@ class Core:
                 self._expire_init(item)
             elif isinstance(item, SplitRendezvous):
                 self._expire_split(item)
+            elif isinstance(item, ShrinkRendezvous):
+                self._expire_shrink(item)
         return self._out
 
     def max_body_len(self, conn_id: int) -> int:
@@ -394,6 +398,75 @@ class Core:
             for m, a in zip(new.members, group):
                 self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, ranks_body, new.nranks))
 
+    def _comm_shrink(self, client: Client, frame: P.Frame) -> None:
+        """ncclCommShrink: the parent's members minus the excluded ranks (which never call,
+        usually because they died), keeping their order. Works on a communicator whose
+        excluded members are gone, which COMM_SPLIT refuses."""
+        msg = P.decode_body(P.COMM_SHRINK, frame.body)
+        rid = frame.request_id
+        member = self._own_member(client, msg.parent_handle, "ncclCommShrink", rid)
+        if member is None:
+            return
+        comm = member.comm
+        excluded = tuple(sorted(set(msg.excluded)))
+        what = f"ncclCommShrink on {comm.label()}"
+        if (any(not 0 <= r < comm.nranks for r in excluded) or member.rank in excluded
+                or len(excluded) != len(msg.excluded) or len(excluded) >= comm.nranks):
+            self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
+                        f"{what}: rank {member.rank} cannot exclude {list(msg.excluded)} (distinct ranks of "
+                        f"0..{comm.nranks - 1}, not itself, at least one rank left)")
+            return
+        seq = member.shrink_seq
+        member.shrink_seq += 1
+        now = self.clock()
+        rdv = comm.shrinks.get(seq)
+        if rdv is None:
+            rdv = comm.shrinks[seq] = ShrinkRendezvous(comm, seq, excluded, now, now + self.timeout_s)
+            self._waiting[rdv] = None
+        if rdv.failed is None and rdv.excluded != excluded:
+            asked = "; ".join(f"rank {r} excludes {list(a[2])}" for r, a in sorted(rdv.arrivals.items()))
+            rdv.failed = (P.NCCL_INVALID_USAGE,
+                          f"{what} #{seq}: the ranks disagree on whom to exclude: {asked}; "
+                          f"rank {member.rank} excludes {list(excluded)}")
+            for a in rdv.arrivals.values():
+                self._error(a[0].client, a[1], *rdv.failed)
+        if rdv.failed is not None:
+            # Later callers of this shrink learn it failed at once (the entry expires on its deadline).
+            self._error(client, rid, *rdv.failed)
+            return
+        rdv.arrivals[member.rank] = (member, rid, excluded, msg.name, now)
+        survivors = rdv.survivors()
+        if len(rdv.arrivals) < len(survivors):
+            return
+        del comm.shrinks[seq]
+        self._waiting.pop(rdv, None)
+        group = [rdv.arrivals[r] for r in survivors]
+        name = next((a[3] for a in group if a[3]), "")
+        new = self._new_comm(name, [a[0].client for a in group], [a[0].global_rank for a in group], comm.id)
+        if self.recording:
+            self.flush_records()
+            self.recorder.comm_created(new.record, [now - a[4] for a in group])
+        self._event("comm_shrink", comm=new.id, name=new.name, parent=comm.id, excluded=list(excluded),
+                    excluded_global=[comm.members[r].global_rank for r in excluded],
+                    members=list(new.record.global_ranks))
+        ranks_body = struct.pack(f"<{new.nranks}i", *new.record.global_ranks)
+        for m, a in zip(new.members, group):
+            self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, ranks_body, new.nranks))
+
+    def _expire_shrink(self, rdv: ShrinkRendezvous) -> None:
+        comm = rdv.comm
+        if comm.shrinks.get(rdv.seq) is rdv:
+            del comm.shrinks[rdv.seq]
+        if rdv.failed is not None:
+            return
+        missing = [r for r in rdv.survivors() if r not in rdv.arrivals]
+        msg = (f"ncclCommShrink #{rdv.seq} on {comm.label()} excluding {list(rdv.excluded)}: ranks {missing} did "
+               f"not arrive within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: "
+               f"{sorted(rdv.arrivals)}")
+        log.warning("timeout: %s", msg)
+        for a in rdv.arrivals.values():
+            self._error(a[0].client, a[1], P.NCCL_TIMEOUT, msg)
+
     def _comm_free(self, client: Client, frame: P.Frame) -> None:
         msg = P.decode_body(P.COMM_FREE, frame.body)
         if msg.how not in (P.FREE_DESTROY, P.FREE_ABORT, P.FREE_FINALIZE):
@@ -476,6 +549,13 @@ class Core:
             for a in rdv.arrivals.values():
                 if a[0] is not member:
                     self._error(a[0].client, a[1], code, f"ncclCommSplit on {comm.label()}: {reason}")
+        for seq, rdv in list(comm.shrinks.items()):
+            if rank in rdv.excluded or rdv.failed is not None:
+                continue
+            rdv.failed = (code, f"ncclCommShrink on {comm.label()}: {reason}")
+            for a in rdv.arrivals.values():
+                if a[0] is not member:
+                    self._error(a[0].client, a[1], *rdv.failed)
         if all(m.gone is not None for m in comm.members):
             self.comms.pop(comm.id, None)
 

@@ -42,7 +42,8 @@ class Client:
 
 
 class Member:
-    __slots__ = ("handle", "comm", "rank", "client", "global_rank", "coll_seq", "split_seq", "gone")
+    __slots__ = ("handle", "comm", "rank", "client", "global_rank", "coll_seq", "split_seq", "shrink_seq",
+                 "gone")
 
     def __init__(self, handle: int, comm: "Comm", rank: int, client: Client, global_rank: int):
         self.handle = handle
@@ -52,12 +53,13 @@ class Member:
         self.global_rank = global_rank
         self.coll_seq = 0      # index of this member's next collective step
         self.split_seq = 0     # index of this member's next CommSplit on this comm
+        self.shrink_seq = 0    # index of this member's next CommShrink on this comm
         self.gone: Optional[tuple] = None   # (nccl_result, reason) once dead/aborted/freed
 
 
 class Comm:
     __slots__ = ("id", "name", "nranks", "members", "record", "slots", "tombstones", "p2p",
-                 "gone_ranks", "splits", "call", "p2p_calls")
+                 "gone_ranks", "splits", "shrinks", "call", "p2p_calls")
 
     def __init__(self, comm_id: int, name: str, parent_id: Optional[int]):
         self.id = comm_id
@@ -70,6 +72,7 @@ class Comm:
         self.p2p: dict = {}            # (sender, receiver) -> PairQueue
         self.gone_ranks: dict = {}     # rank -> (result, reason)
         self.splits: dict = {}         # split seq -> SplitRendezvous
+        self.shrinks: dict = {}        # shrink seq -> ShrinkRendezvous
         self.call = None               # accumulator of the collective call in progress
         self.p2p_calls: dict = {}      # (sender, receiver) -> accumulator
 
@@ -127,3 +130,21 @@ class SplitRendezvous:
         self.arrivals: dict = {}   # parent rank -> (member, request_id, color, key, name, arrived_at)
         self.first_at = now
         self.deadline = deadline
+
+
+class ShrinkRendezvous:
+    """The surviving members of a parent communicator gathering for their k-th COMM_SHRINK.
+    The excluded ranks never call; all callers must name the same ones."""
+    __slots__ = ("comm", "seq", "excluded", "arrivals", "first_at", "deadline", "failed")
+
+    def __init__(self, comm: Comm, seq: int, excluded: tuple, now: float, deadline: float):
+        self.comm = comm
+        self.seq = seq
+        self.excluded = excluded
+        self.arrivals: dict = {}   # parent rank -> (member, request_id, excluded, name, arrived_at)
+        self.first_at = now
+        self.deadline = deadline
+        self.failed: Optional[tuple] = None   # (result, message) once it cannot complete
+
+    def survivors(self) -> list:
+        return [r for r in range(self.comm.nranks) if r not in self.excluded]

@@ -37,7 +37,7 @@ struct CollCall {
 // A communicator being created: start() sends the request, finish() completes `comm`.
 // Several may be in flight at once (ncclCommInitAll, inits inside a group).
 struct CommRequest {
-  enum Kind { kInit, kSplit } kind = kInit;
+  enum Kind { kInit, kSplit, kShrink } kind = kInit;
   ncclComm* comm = nullptr;  // being filled in
   // kInit
   uint8_t unique_id[128] = {};
@@ -45,6 +45,9 @@ struct CommRequest {
   // kSplit
   ncclComm* parent = nullptr;
   int color = 0, key = 0;
+  // kShrink (also uses parent): ranks of the parent left out, ncclCommShrink's flags
+  std::vector<int32_t> excluded;
+  uint32_t shrink_flags = 0;
   // Mode-private state of the request in flight.
   void* state = nullptr;
   bool no_color_result = false;  // a split that gave this member no communicator

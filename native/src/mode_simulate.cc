@@ -108,6 +108,14 @@ class SimulateMode : public DistMode {
       m.name = req->comm->config.name;
       proto::encode(w, m);
       type = proto::kCommInit;
+    } else if (req->kind == CommRequest::kShrink) {
+      proto::CommShrink m;
+      m.parent_handle = req->parent->handle;
+      m.flags = req->shrink_flags;
+      m.excluded = req->excluded;
+      m.name = req->comm->config.name;
+      proto::encode(w, m);
+      type = proto::kCommShrink;
     } else {
       proto::CommSplit m;
       m.parent_handle = req->parent->handle;
@@ -137,7 +145,9 @@ class SimulateMode : public DistMode {
     if (rc != ncclSuccess) return rc;
     rc = client->wait(p.get());
     if (rc != ncclSuccess) return rc;
-    const char* what = req->kind == CommRequest::kInit ? "ncclCommInitRank" : "ncclCommSplit";
+    const char* what = req->kind == CommRequest::kInit     ? "ncclCommInitRank"
+                       : req->kind == CommRequest::kShrink ? "ncclCommShrink"
+                                                           : "ncclCommSplit";
     proto::Reader r(p->body.data(), p->body.size());
     if (p->hdr.type == proto::kError) {
       proto::Error e;

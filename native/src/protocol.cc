@@ -12,6 +12,7 @@ const char* type_name(uint16_t type) {
     case kCommInfo: return "COMM_INFO";
     case kCommSplit: return "COMM_SPLIT";
     case kCommFree: return "COMM_FREE";
+    case kCommShrink: return "COMM_SHRINK";
     case kGroup: return "GROUP";
     case kGroupDone: return "GROUP_DONE";
     case kSimulate: return "SIMULATE";
@@ -128,6 +129,13 @@ void encode(Writer& w, const CommSplit& m) {
   w.i32(m.key);
   w.str(m.name);
 }
+void encode(Writer& w, const CommShrink& m) {
+  w.u64(m.parent_handle);
+  w.u32(m.flags);
+  w.u32(static_cast<uint32_t>(m.excluded.size()));
+  for (int32_t r : m.excluded) w.i32(r);
+  w.str(m.name);
+}
 void encode(Writer& w, const CommFree& m) {
   w.u64(m.comm_handle);
   w.u32(m.how);
@@ -187,6 +195,15 @@ bool decode(Reader& r, CommInfo* m) {
 }
 bool decode(Reader& r, CommSplit* m) {
   return r.u64(&m->parent_handle) && r.i32(&m->color) && r.i32(&m->key) && r.str(&m->name);
+}
+bool decode(Reader& r, CommShrink* m) {
+  uint32_t n;
+  if (!(r.u64(&m->parent_handle) && r.u32(&m->flags) && r.u32(&n)) || static_cast<uint64_t>(n) * 4 > r.remaining())
+    return false;
+  m->excluded.resize(n);
+  for (uint32_t i = 0; i < n; i++)
+    if (!r.i32(&m->excluded[i])) return false;
+  return r.str(&m->name);
 }
 bool decode(Reader& r, CommFree* m) { return r.u64(&m->comm_handle) && r.u32(&m->how); }
 bool decode(Reader& r, GroupHead* m) { return r.u32(&m->n_ops) && r.u32(&m->flags); }

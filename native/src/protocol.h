@@ -26,6 +26,7 @@ enum MsgType : uint16_t {
   kCommInfo = 11,
   kCommSplit = 12,
   kCommFree = 13,
+  kCommShrink = 14,
   kGroup = 20,
   kGroupDone = 21,
   kSimulate = 22,
@@ -151,6 +152,12 @@ struct CommSplit {
   int32_t color = 0, key = 0;
   std::string name;
 };
+struct CommShrink {  // ncclCommShrink: the parent's members minus `excluded` (ranks in the parent)
+  uint64_t parent_handle = 0;
+  uint32_t flags = 0;
+  std::vector<int32_t> excluded;
+  std::string name;
+};
 struct CommFree {
   uint64_t comm_handle = 0;
   uint32_t how = 0;
@@ -190,6 +197,7 @@ void encode(Writer& w, const CommInit& m);
 void encode(Writer& w, const CommInfo& m);
 void encode(Writer& w, const CommSplit& m);
 void encode(Writer& w, const CommFree& m);
+void encode(Writer& w, const CommShrink& m);
 void encode(Writer& w, const GroupHead& m);
 void encode(Writer& w, const GroupDone& m);
 void encode(Writer& w, const SimulateDone& m);
@@ -205,6 +213,7 @@ bool decode(Reader& r, CommInit* m);
 bool decode(Reader& r, CommInfo* m);
 bool decode(Reader& r, CommSplit* m);
 bool decode(Reader& r, CommFree* m);
+bool decode(Reader& r, CommShrink* m);
 bool decode(Reader& r, GroupHead* m);
 bool decode(Reader& r, GroupDone* m);  // reads n_ops, results, message
 bool decode(Reader& r, SimulateDone* m);

@@ -266,6 +266,16 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
                 d.name == m.name;
       break;
     }
+    case kCommShrink: {
+      CommShrink m;
+      m.parent_handle = f["parent_handle"].u(); m.flags = (uint32_t)f["flags"].u(); m.name = f["name"].text;
+      for (const Json& x : f["excluded"].arr) m.excluded.push_back((int32_t)x.i());
+      encode(w, m);
+      CommShrink d;
+      decoded = decode(r, &d) && d.parent_handle == m.parent_handle && d.flags == m.flags &&
+                d.excluded == m.excluded && d.name == m.name;
+      break;
+    }
     case kCommFree: {
       CommFree m{f["comm_handle"].u(), (uint32_t)f["how"].u()};
       encode(w, m);

@@ -146,6 +146,54 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
   return create_comm(req, newcomm);
 }
 
+// COMM_SHRINK (docs/faults.md): the survivors of a communicator, in their old order, without
+// the excluded ranks, which (being dead or leaving) never call.
+NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+         ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  ncclResult_t rc = check_comm_usable(comm, "ncclCommShrink");
+  if (rc != ncclSuccess) return rc;
+  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
+  if (excludeRanksCount < 0 || excludeRanksCount >= comm->nranks)
+    return failf(ncclInvalidArgument, "ncclCommShrink: excludeRanksCount=%d must be in 0..%d", excludeRanksCount,
+                 comm->nranks - 1);
+  if (excludeRanksCount > 0 && !excludeRanksList)
+    return fail(ncclInvalidArgument, "ncclCommShrink: excludeRanksList is NULL");
+  std::vector<int32_t> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
+  std::vector<bool> seen(comm->nranks, false);
+  for (int32_t r : excluded) {
+    if (r < 0 || r >= comm->nranks)
+      return failf(ncclInvalidArgument, "ncclCommShrink: excluded rank %d is not a rank of the %d-rank communicator",
+                   r, comm->nranks);
+    if (r == comm->rank)
+      return failf(ncclInvalidArgument, "ncclCommShrink: rank %d excludes itself (excluded ranks must not call)", r);
+    if (seen[r]) return failf(ncclInvalidArgument, "ncclCommShrink: rank %d is excluded twice", r);
+    seen[r] = true;
+  }
+  DistMode* mode;
+  rc = get_mode(&mode);
+  if (rc != ncclSuccess) return rc;
+  if (strcmp(mode->name(), "simulate") != 0)
+    return failf(ncclInvalidUsage, "ncclCommShrink is implemented in simulate mode only (FAKEGPU_DIST_MODE=%s)",
+                 mode->name());
+  CommConfig cfg;
+  if (config) {
+    rc = read_config(config, &cfg, "ncclCommShrink");
+    if (rc != ncclSuccess) return rc;
+  } else {
+    cfg.blocking = comm->config.blocking;
+  }
+  auto* child = new ncclComm();
+  child->config = cfg;
+  child->cuda_device = comm->cuda_device;
+  auto* req = new CommRequest();
+  req->kind = CommRequest::kShrink;
+  req->comm = child;
+  req->parent = comm;
+  req->excluded = std::move(excluded);
+  req->shrink_flags = static_cast<uint32_t>(shrinkFlags);
+  return create_comm(req, newcomm);
+}
+
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   ncclResult_t rc = check_comm_usable(comm, "ncclCommFinalize");
   if (rc != ncclSuccess) return rc;

@@ -20,12 +20,6 @@ constexpr const char* kWindow = "(one-sided windows/signals) is not supported by
 }  // namespace
 
 // ---- communicator features not modelled yet -----------------------------------------------
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
-         ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  // Shrinking needs the coordinator to leave out members that will never call (they are
-  // dead), which the v1 protocol cannot express.
-  return unsupported("ncclCommShrink", "is not implemented yet in fakegpu (needs coordinator support)");
-}
 NCCL_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
          ncclComm_t* newcomm, ncclConfig_t* config) {
   return unsupported("ncclCommGrow", "is not implemented yet in fakegpu");
