@@ -362,6 +362,11 @@ from fakegpu.nccl import Nccl
 nccl = Nccl()
 world = nccl.comm_init_rank(64, nccl.get_unique_id(), 0)
 tp = nccl.comm_init_rank(8, nccl.get_unique_id(), 0, name="tp")
+dp = nccl.comm_init_rank(4, nccl.get_unique_id(), 0, name="dp")     # FAKEGPU_FAKE_COMM_STRIDES=4:16
+pp = nccl.comm_init_rank(2, nccl.get_unique_id(), 0, name="pp")     # P=2: stride NGPU/P
+x = np.ones(1024, np.float32)
+dp.all_reduce(x, x, 1024, np.float32, "sum")
+pp.send(x, 1024, np.float32, 1)
 x = np.ones(1024, np.float32)
 y = np.zeros(1024 * 8, np.float32)
 for step in range(3):
@@ -379,21 +384,23 @@ print("done")
 
 def test_events_and_report_describe_the_whole_world(shim_library, tmp_path):
     report = tmp_path / "report.json"
-    done = _run(EVENTS_WORKER, _env(shim_library, NGPU=64, FAKEGPU_CLUSTER_REPORT_PATH=report), tmp_path)
+    done = _run(EVENTS_WORKER, _env(shim_library, NGPU=64, FAKEGPU_PP_DEGREE=2, FAKEGPU_FAKE_COMM_STRIDES="4:16",
+                                    FAKEGPU_CLUSTER_REPORT_PATH=report), tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == "done"          # the report builder's output went to stderr
     events_file = tmp_path / "report.events.jsonl"
     lines = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert lines[0]["event"] == "world" and lines[0]["logical_world_size"] == 64
     comms = {e["id"]: e for e in lines if e["event"] == "comm"}
-    assert sorted(c["name"] for c in comms.values()) == ["tp", "world"]
-    assert {c["name"]: c["members"] for c in comms.values()}["tp"] == list(range(8))
+    members = {c["name"]: c["members"] for c in comms.values()}
+    assert sorted(members) == ["dp", "pp", "tp", "world"]
+    assert members["tp"] == list(range(8)) and members["dp"] == [0, 16, 32, 48] and members["pp"] == [0, 32]
     ops = [e for e in lines if e["event"] == "op"]
     kinds = [e["kind"] for e in ops]
-    assert kinds.count("AllReduce") == 3 and kinds.count("AllGather") == 3 and kinds.count("ReduceScatter") == 3
+    assert kinds.count("AllReduce") == 4 and kinds.count("AllGather") == 3 and kinds.count("ReduceScatter") == 3
     p2p = [e for e in ops if e["kind"] == "SendRecv"]
-    assert [(e["root"], e["peer"], e.get("spread")) for e in p2p] == [(0, 1, True), (63, 0, True)]
-    assert all(e["redop"] == "avg" for e in ops if e["kind"] == "AllReduce")
+    assert [(e["root"], e["peer"], e.get("spread")) for e in p2p] == [(0, 1, True), (0, 1, True), (63, 0, True)]
+    assert [e["redop"] for e in ops if e["kind"] == "AllReduce"] == ["sum", "avg", "avg", "avg"]
     assert report.exists() and report.with_suffix(".md").exists()
     check = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", str(report),
                             "--expect-world-size", "64"], capture_output=True, text=True, timeout=120,
@@ -576,3 +583,23 @@ def test_communicator_lifecycle_in_fake_mode(shim_library, tmp_path):
     assert seen["bad_dtype"][0] == 4 and "invalid datatype 77" in seen["bad_dtype"][1]
     assert seen["after_error"] == [2 * 4 ** 4] * 3
     assert seen["too_big"][0] == 4 and "larger than the logical world NGPU=16" in seen["too_big"][1]
+
+
+@pytest.mark.parametrize("strides, message", [
+    ("4:8,oops", "entry 'oops' is not SIZE:STRIDE"),
+    ("4:8", "4 ranks with stride 8 does not fit in the logical world NGPU=16"),
+])
+def test_bad_comm_stride_hints_fail_init_clearly(shim_library, tmp_path, strides, message):
+    script = r"""
+import json
+from fakegpu.nccl import Nccl, NcclError
+nccl = Nccl()
+try:
+    nccl.comm_init_rank(4, nccl.get_unique_id(), 0)
+    print(json.dumps("created"))
+except NcclError as exc:
+    print(json.dumps(nccl.last_error()))
+"""
+    done = _run(script, _env(shim_library, NGPU=16, FAKEGPU_FAKE_COMM_STRIDES=strides, FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert message in json.loads(done.stdout.strip().splitlines()[-1])

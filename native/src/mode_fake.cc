@@ -9,15 +9,20 @@
 //   - ncclCommInitRank with nranks == NGPU: the world, comm rank i = logical rank i; the
 //     rank passed must be the contract's logical rank (as the torch backend demands).
 //   - nranks < NGPU: a sub-communicator whose other members are unknown to a lone
-//     process. Inferred as the contiguous block around this rank, comm rank i = logical
-//     rank (L - rank + i) mod NGPU: right for tensor-parallel style groups of consecutive
-//     ranks; a strided (data-parallel) group is accounted with the same size but on
-//     consecutive ranks. Name it (ncclConfig_t.commName) to tell groups apart in the report.
+//     process. Inferred as an arithmetic progression through this rank, comm rank i =
+//     logical rank (L + (i - rank) * stride) mod NGPU, where stride is
+//       FAKEGPU_FAKE_COMM_STRIDES' entry for nranks ("SIZE:STRIDE,...", e.g. "32:8" for
+//       the data-parallel groups of a (pp, dp=32, tp=8) mesh), else
+//       NGPU / P when nranks == P > 1 (the pipeline group of the contract), else
+//       1 (consecutive ranks: tensor-parallel style groups).
+//     Name it (ncclConfig_t.commName) to tell groups apart in the report.
 //   - ncclCommSplit: only this rank's color and key are known; by the SPMD assumption every
 //     member passed the same ones, so the child has the parent's members and this rank
 //     keeps its parent rank. NCCL_SPLIT_NOCOLOR gives no communicator.
 #include "mode_fake.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "cuda_staging.h"
+#include "env.h"
 #include "fake_contract.h"
 #include "fake_events.h"
 #include "fake_numerics.h"
@@ -120,7 +126,22 @@ class FakeMode : public DistMode {
                      "fakegpu fake mode: ncclCommInitRank(nranks=%d, rank=%d) spans the logical world but the launch "
                      "contract makes this process logical rank %d; pass rank=%d (choose the rank with RANK or "
                      "FAKE_PP_RANK)", n, rank, L, L);
-      for (int i = 0; i < n; i++) fc.members.push_back((((L - rank + i) % N) + N) % N);
+      int stride = 1;
+      if (n == c.pp_degree && n > 1) stride = c.spmd_size();
+      if (n < N) {
+        ncclResult_t rc = hinted_stride(n, &stride);
+        if (rc != ncclSuccess) return rc;
+      }
+      for (int i = 0; i < n; i++) {
+        long long g = static_cast<long long>(L) + static_cast<long long>(i - rank) * stride;
+        fc.members.push_back(static_cast<int>(((g % N) + N) % N));
+      }
+      std::vector<int> sorted = fc.members;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        return failf(ncclInvalidUsage,
+                     "fakegpu fake mode: a communicator of %d ranks with stride %d does not fit in the logical world "
+                     "NGPU=%d (members would repeat); fix FAKEGPU_FAKE_COMM_STRIDES", n, stride, N);
     } else {
       if (req->color == NCCL_SPLIT_NOCOLOR) {
         req->no_color_result = true;
@@ -224,6 +245,26 @@ class FakeMode : public DistMode {
   }
 
  private:
+  // FAKEGPU_FAKE_COMM_STRIDES="SIZE:STRIDE,...": the stride of sub-communicators of SIZE ranks.
+  static ncclResult_t hinted_stride(int nranks, int* stride) {
+    std::string spec = env::str("FAKEGPU_FAKE_COMM_STRIDES");
+    size_t pos = 0;
+    while (pos < spec.size()) {
+      size_t end = spec.find(',', pos);
+      if (end == std::string::npos) end = spec.size();
+      std::string item = spec.substr(pos, end - pos);
+      pos = end + 1;
+      if (item.find_first_not_of(" ") == std::string::npos) continue;
+      int size = 0, st = 0;
+      char tail = 0;
+      if (sscanf(item.c_str(), " %d : %d %c", &size, &st, &tail) != 2 || size < 1 || st < 1)
+        return failf(ncclInvalidUsage, "fakegpu fake mode: FAKEGPU_FAKE_COMM_STRIDES entry '%s' is not SIZE:STRIDE "
+                     "with positive integers (e.g. FAKEGPU_FAKE_COMM_STRIDES=8:1,32:8)", item.c_str());
+      if (size == nranks) *stride = st;
+    }
+    return ncclSuccess;
+  }
+
   void record_send(const CollCall& c, const uint8_t* in) {
     PendingSend p;
     p.to = c.root;
