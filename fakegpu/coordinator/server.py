@@ -12,6 +12,7 @@ closes only that connection, with the reason logged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import mmap
@@ -82,7 +83,7 @@ class Connection(asyncio.BufferedProtocol):
     socket-staged GROUP payload is arriving, the staging region itself (no copy)."""
 
     __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing", "scratch",
-                 "scratch_mv", "direct", "fd")
+                 "scratch_mv", "direct", "fd", "outq", "_add_writer", "_writer_loop")
     SCRATCH_BYTES = 64 * 1024  # headers and small frames; payloads are received in place
 
     def __init__(self, server: "CoordinatorServer"):
@@ -98,10 +99,21 @@ class Connection(asyncio.BufferedProtocol):
         self.scratch_mv = memoryview(self.scratch)
         self.direct = False
         self.fd = -1
+        # Large answers still to send, as views of the staging memory (see write_pieces).
+        self.outq: collections.deque = collections.deque()
+        self._writer_loop = None
+        self._add_writer = None
 
     # -- asyncio callbacks
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # The selector loop's own writer registration (what its transports use), for large
+        # answers sent from staging memory. Without it (another loop implementation) they
+        # go through transport.write, which copies.
+        loop = asyncio.get_running_loop()
+        if hasattr(loop, "_add_writer") and hasattr(loop, "_remove_writer"):
+            self._writer_loop = loop
+            self._add_writer = loop._add_writer
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
         if sock is not None:
@@ -178,34 +190,74 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closing = True
+        if self.outq:
+            self._stop_writer()
         self.server.conns.pop(self.id, None)
         reason = "connection closed" if exc is None else f"connection lost: {exc}"
         self.server.apply(self.core.disconnect(self.id, reason))
         self.server.schedule_flush()
 
     # -- helpers
+    def write(self, data: bytes) -> None:
+        """Write a small frame, behind any large answer still queued (keeps the order)."""
+        if self.outq:
+            self.outq.append(memoryview(data))
+        else:
+            self.transport.write(data)
+
     def write_pieces(self, pieces: list) -> None:
-        """Write a large answer (header + staging views). While the transport has nothing
-        queued, send straight from the staging buffer; only what the kernel does not take
-        right away is copied into the transport's buffer."""
-        transport = self.transport
-        i = 0
-        if self.fd >= 0 and transport.get_write_buffer_size() == 0:
-            while i < len(pieces):
-                mv = memoryview(pieces[i]).cast("B")
-                try:
-                    while mv:
-                        n = os.write(self.fd, mv)
-                        mv = mv[n:]
-                except BlockingIOError:
-                    transport.write(mv)
-                    i += 1
-                    break
-                except OSError:
-                    break  # let the transport find and report the broken connection
-                i += 1
-        for piece in pieces[i:]:
-            transport.write(memoryview(piece).cast("B"))
+        """Write a large answer (header + staging views) without copying the payload: send
+        straight from the staging buffer while the kernel takes it, and queue the views of
+        what is left, sent from our own writable callback. The staging bytes cannot change
+        meanwhile: the client reuses that output window only after it has read this answer."""
+        views = [memoryview(p).cast("B") for p in pieces]
+        if self.outq or self.fd < 0 or self.transport.get_write_buffer_size() != 0:
+            self._queue(views)
+            return
+        for i, mv in enumerate(views):
+            try:
+                while mv:
+                    n = os.write(self.fd, mv)
+                    mv = mv[n:]
+            except BlockingIOError:
+                self._queue([mv, *views[i + 1:]])
+                return
+            except OSError:
+                return  # let the transport find and report the broken connection
+
+    def _queue(self, views: list) -> None:
+        if self.outq:
+            self.outq.extend(views)
+            return
+        if self.transport.get_write_buffer_size() != 0 or self._add_writer is None:
+            for mv in views:  # the transport already has bytes queued: it must send ours after them
+                self.transport.write(mv)
+            return
+        self.outq.extend(views)
+        self._add_writer(self.fd, self._write_ready)
+
+    def _write_ready(self) -> None:
+        q = self.outq
+        try:
+            while q:
+                mv = q[0]
+                n = os.write(self.fd, mv)
+                if n < len(mv):
+                    q[0] = mv[n:]
+                    return
+                q.popleft()
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._stop_writer()
+            self.close(f"write failed: {exc}")
+            return
+        self._stop_writer()
+
+    def _stop_writer(self) -> None:
+        if self._writer_loop is not None:
+            self._writer_loop._remove_writer(self.fd)
+        self.outq.clear()
 
     def close(self, reason: str) -> None:
         if self.closing:
@@ -213,6 +265,11 @@ class Connection(asyncio.BufferedProtocol):
         self.closing = True
         log.warning("closing %s: %s", self.peer, reason)
         if self.transport is not None:
+            if self.outq:  # hand what is queued to the transport, which flushes before closing
+                pending = list(self.outq)
+                self._stop_writer()
+                for mv in pending:
+                    self.transport.write(mv)
             self.transport.close()
 
     def _staging_factory(self, hello, S: int):
@@ -279,7 +336,7 @@ class CoordinatorServer:
                 if conn is None or conn.closing:
                     continue
                 if type(data) is bytes:
-                    conn.transport.write(data)
+                    conn.write(data)
                 else:
                     conn.write_pieces(data)
             elif kind == C.CLOSE:
