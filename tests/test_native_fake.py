@@ -603,3 +603,20 @@ except NcclError as exc:
     done = _run(script, _env(shim_library, NGPU=16, FAKEGPU_FAKE_COMM_STRIDES=strides, FAKEGPU_QUIET=1), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert message in json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_destroying_a_communicator_writes_the_events_even_if_the_process_exits_hard(shim_library, tmp_path):
+    events = tmp_path / "ev.jsonl"
+    script = r"""
+import os, numpy as np
+from fakegpu.nccl import Nccl
+nccl = Nccl()
+c = nccl.comm_init_rank(2, nccl.get_unique_id(), 0)
+x = np.ones(2, np.float64)
+c.all_reduce(x, x, 2, np.float64, "prod")
+c.destroy()
+os._exit(0)          # no atexit: no report, but the events are on disk
+"""
+    done = _run(script, _env(shim_library, NGPU=2, FAKEGPU_FAKE_EVENTS_PATH=events, FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["world", "comm", "op"]

@@ -188,6 +188,12 @@ std::string events_path() {
   return log.path;
 }
 
+void flush() {
+  Log& log = the_log();
+  std::lock_guard<std::mutex> lk(log.mu);
+  if (log.opened && !log.finished && log.owner == getpid()) drain(log);
+}
+
 int finish() {
   Log& log = the_log();
   std::string events, report;

@@ -24,6 +24,10 @@ namespace fakegpu::fake {
 // world line on first use. Thread-safe.
 void log_event(const Contract& contract, const std::string& json_object);
 
+// Writes the buffered lines to the file now (a communicator was destroyed: a program that
+// leaves with _exit afterwards still leaves its events).
+void flush();
+
 // Flushes the log and, if a report path is set, builds the report; idempotent and only
 // done in the process that opened the log (a forked child does nothing). Returns 0 when
 // there was nothing to do or the report was written.

@@ -172,8 +172,11 @@ class FakeMode : public DistMode {
   }
 
   ncclResult_t comm_free(ncclComm* comm, proto::FreeHow how) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    pending_.erase(comm->handle);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      pending_.erase(comm->handle);
+    }
+    fake::flush();
     return ncclSuccess;
   }
 
