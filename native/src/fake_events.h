@@ -4,7 +4,8 @@
 // Where: FAKEGPU_FAKE_EVENTS_PATH; else beside the report (report path with ".json"
 // replaced by ".events.jsonl"); else $TMPDIR/fakegpu-fake-events-<pid>.jsonl. Lines are
 // buffered in memory and written in large chunks (no per-operation sync); the buffer goes
-// to the file at exit, or when fakegpu_fake_finish() is called.
+// to the file when a communicator is destroyed, at exit, or when fakegpu_fake_finish() is
+// called.
 //
 // The report: FAKEGPU_FAKE_REPORT_PATH, else FAKEGPU_CLUSTER_REPORT_PATH. When one is set,
 // the exit handler runs `PYTHON -m fakegpu.fake.build_report EVENTS --report R
