@@ -77,3 +77,31 @@ def test_threaded_broadcast_and_allgather_copy_every_byte(monkeypatch):
     allgather.execute(dt, 0, count, -1, ins, outs, None)
     for o in outs:
         assert np.array_equal(o, np.concatenate(ins))
+
+
+def test_float16_table_is_exact_for_every_bit_pattern():
+    dt = N.DTYPES[6]
+    raw = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    out = np.empty(65536, dtype=np.float32)
+    N.widen(dt, raw, out)
+    assert np.array_equal(out.view(np.uint32), raw.astype(np.float32).view(np.uint32))
+
+
+def test_float16_rounding_matches_numpy_bit_for_bit():
+    rng = np.random.default_rng(16)
+    patterns = [rng.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32)]
+    # every float16 value, and the midpoints and neighbours around each (ties to even)
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    hb = h[np.isfinite(h)].view(np.uint32)
+    for delta in (0, 1, 0xFFF, 0x1000, 0x1001, 0x2000 - 1, 0x2000):
+        patterns += [hb + np.uint32(delta), hb - np.uint32(delta)]
+    specials = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001, 0x477FEFFF,
+                         0x477FF000, 0x477FE000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
+                         0x32FFFFFF, 0x00000001, 0x80000000], dtype=np.uint32)
+    bits = np.concatenate(patterns + [specials])
+    x = bits.view(np.float32)
+    out = np.empty(len(x), dtype=np.float16)
+    N.narrow(N.DTYPES[6], x, out, np.empty((2, len(x)), dtype=np.uint32).T)
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))

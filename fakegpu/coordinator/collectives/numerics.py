@@ -165,6 +165,7 @@ def _reduce_range(dt: DType, redop: int, func, svals, inputs, outputs, lo: int, 
     # Narrow floating types: fold into a float32 block, round once.
     acc_buf = np.empty(m, dtype=dt.acc)
     tmp_buf = np.empty(m, dtype=dt.acc)
+    bits_buf = np.empty((2, m), dtype=np.uint32).T if dt.code == 6 else None
     for b in range(lo, hi, block):
         e = min(b + block, hi)
         acc = acc_buf[:e - b]
@@ -182,23 +183,62 @@ def _reduce_range(dt: DType, redop: int, func, svals, inputs, outputs, lo: int, 
         if dt.saturate is not None:
             np.clip(acc, -dt.saturate, dt.saturate, out=acc)
         o = first[b:e]
-        np.copyto(o, acc, casting="unsafe")
+        narrow(dt, acc, o, bits_buf[:e - b] if bits_buf is not None else None)
         for r in rest:
             np.copyto(r[b:e], o)
 
 
 def widen(dt: DType, src: np.ndarray, dst: np.ndarray) -> None:
-    """dst (float32) = src (a narrow float type), exactly. float8 goes through a 256-entry
-    table (much faster than ml_dtypes' cast)."""
+    """dst (float32) = src (a narrow float type), exactly. float8 and float16 go through a
+    table of every bit pattern (faster than ml_dtypes' and numpy's casts)."""
     table = _WIDEN_TABLES.get(dt.code)
     if table is not None:
-        np.take(table, src.view(np.uint8), out=dst)
+        np.take(table, src.view(_INDEX[dt.code]), out=dst)
     else:
         np.copyto(dst, src, casting="unsafe")
 
 
 _WIDEN_TABLES = {code: np.arange(256, dtype=np.uint8).view(DTYPES[code].np).astype(np.float32)
                  for code in (10, 11)}
+# float16 has 65536 bit patterns: a 256 KiB table (stays in L2) beats numpy's conversion.
+_WIDEN_TABLES[6] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+_INDEX = {10: np.uint8, 11: np.uint8, 6: np.uint16}
+
+
+def narrow(dt: DType, acc: np.ndarray, out: np.ndarray, scratch: Optional[np.ndarray]) -> None:
+    """out (dt) = acc (float32), rounded to nearest even like numpy's cast. float16 uses
+    integer arithmetic on the bits (scratch: two uint32 columns of len(acc)), about twice
+    as fast as numpy's conversion here; NaN lanes go through numpy to keep its payloads."""
+    if dt.code != 6:
+        np.copyto(out, acc, casting="unsafe")
+        return
+    u = acc.view(np.uint32)
+    mag = scratch[:, 0]
+    res = scratch[:, 1]
+    np.bitwise_and(u, np.uint32(0x7FFFFFFF), out=mag)
+    # Normal results: rebias the exponent, round to nearest even on bit 13, drop 13 bits.
+    np.right_shift(mag, 13, out=res)
+    np.bitwise_and(res, np.uint32(1), out=res)
+    np.add(res, mag, out=res)
+    np.add(res, np.uint32(((15 - 127) << 23) + 0xFFF & 0xFFFFFFFF), out=res)
+    np.right_shift(res, 13, out=res)
+    small = mag < np.uint32(113 << 23)  # below float16's smallest normal: subnormal or zero
+    if small.any():
+        magic = np.uint32(((127 - 15) + (23 - 10) + 1) << 23)
+        # Adding 0.5 (in float16 subnormal units) lets the FPU round to nearest even.
+        res[small] = (mag[small].view(np.float32) + magic.view(np.float32)).view(np.uint32) - magic
+    big = mag >= np.uint32((127 + 16) << 23)  # overflows to infinity, or inf/NaN
+    any_big = big.any()
+    if any_big:
+        res[big] = 0x7C00
+    np.right_shift(u, 16, out=mag)
+    np.bitwise_and(mag, np.uint32(0x8000), out=mag)
+    np.bitwise_or(res, mag, out=res)
+    np.copyto(out.view(np.uint16), res, casting="unsafe")
+    if any_big:
+        nan = np.isnan(acc)
+        if nan.any():
+            out[nan] = acc[nan].astype(np.float16)
 
 
 # -- parallel execution of large copies and reductions -------------------------------------
