@@ -180,6 +180,7 @@ class Core:
         if client is None:
             return self._out
         client.closed = True
+        reason = client.close_reason or reason
         for handle in [h for h, c in self._freed.items() if c is client]:
             del self._freed[handle]
         if self.recording:
@@ -939,6 +940,7 @@ class Core:
         if fault.kind == "kill":
             info["action"] = self._kill(client)
         self._event("fault_injected", **info)
+        client.close_reason = f"injected fault {fault.text}"
         self._out.append((CLOSE, client.id, f"fault injected: {fault.text} at {where}"))
         return True
 

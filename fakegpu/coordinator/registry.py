@@ -17,7 +17,7 @@ from fakegpu.coordinator.records import ClientRecord, CommRecord
 
 class Client:
     __slots__ = ("id", "hello", "transport", "shm", "staging", "S", "inp", "outp", "global_ranks",
-                 "members", "groups", "record", "closed", "inp_mv")
+                 "members", "groups", "record", "closed", "inp_mv", "close_reason")
 
     def __init__(self, client_id: int, hello, transport: str, staging: np.ndarray, S: int, shm: bool):
         self.id = client_id
@@ -33,6 +33,7 @@ class Client:
         self.members: list = []
         self.groups: dict = {}   # request_id -> GroupState in flight
         self.closed = False
+        self.close_reason: Optional[str] = None   # why the coordinator itself closed it (faults)
         self.record = ClientRecord(client_id=client_id, pid=hello.pid, hostname=hello.hostname,
                                    global_rank=hello.global_rank, transport=transport, shared_memory=shm)
 
