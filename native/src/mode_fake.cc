@@ -19,6 +19,8 @@
 //   - ncclCommSplit: only this rank's color and key are known; by the SPMD assumption every
 //     member passed the same ones, so the child has the parent's members and this rank
 //     keeps its parent rank. NCCL_SPLIT_NOCOLOR gives no communicator.
+//   - ncclCommShrink (should the API allow it in this mode): the parent's members less the
+//     excluded ones.
 #include "mode_fake.h"
 
 #include <algorithm>
@@ -142,6 +144,19 @@ class FakeMode : public DistMode {
         return failf(ncclInvalidUsage,
                      "fakegpu fake mode: a communicator of %d ranks with stride %d does not fit in the logical world "
                      "NGPU=%d (members would repeat); fix FAKEGPU_FAKE_COMM_STRIDES", n, stride, N);
+    } else if (req->kind == CommRequest::kShrink) {  // the parent's members less the excluded ones
+      std::lock_guard<std::mutex> lk(mu_);
+      const std::vector<int>& parent = comms_.at(req->parent->handle - 1).members;
+      std::vector<bool> out(parent.size(), false);
+      for (int32_t e : req->excluded)
+        if (e >= 0 && e < static_cast<int>(parent.size())) out[e] = true;
+      rank = -1;
+      for (size_t i = 0; i < parent.size(); i++) {
+        if (out[i]) continue;
+        if (static_cast<int>(i) == req->parent->rank) rank = static_cast<int>(fc.members.size());
+        fc.members.push_back(parent[i]);
+      }
+      if (rank < 0) return fail(ncclInvalidArgument, "fakegpu fake mode: ncclCommShrink excludes this rank");
     } else {
       if (req->color == NCCL_SPLIT_NOCOLOR) {
         req->no_color_result = true;
