@@ -57,10 +57,15 @@ YAML = textwrap.dedent("""
 """)
 
 
-def test_torchrun_restarts_after_injected_kill_and_finishes(tmp_path, shim_library):
+@pytest.mark.parametrize("source", ["yaml", "env"])
+def test_torchrun_restarts_after_injected_kill_and_finishes(tmp_path, shim_library, source):
     (tmp_path / "train.py").write_text(SCRIPT)
-    (tmp_path / "cluster.yaml").write_text(YAML)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    if source == "yaml":
+        (tmp_path / "cluster.yaml").write_text(YAML)
+    else:   # FAKEGPU_FAULTS reaches the coordinator fgpu starts
+        (tmp_path / "cluster.yaml").write_text(YAML.split("faults:")[0])
+        env["FAKEGPU_FAULTS"] = "kill:rank=1:seq=3"
     env["FAKEGPU_NCCL_LIBRARY"] = shim_library
     env["FAKEGPU_COORDINATOR_TIMEOUT_MS"] = "5000"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
