@@ -57,7 +57,8 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
 
     comm = nccl.comm_init_rank(nranks, uid("world", rank == 0), rank, name="faults-world")
     for call in range(1, plan.get("calls", CALLS) + 1):
-        count = COUNT // 2 if plan.get("mismatch") == [rank, call] else COUNT
+        size = plan.get("count", COUNT)
+        count = size // 2 if plan.get("mismatch") == [rank, call] else size
         send = np.full(count, rank + call, dtype=np.float32)
         recv = np.zeros(count, dtype=np.float32)
         t0 = time.monotonic()
@@ -127,13 +128,13 @@ def library(shim_library):
     return shim_library
 
 
-def start_coordinator(faults: str, report: Path, extra_env=None):
+def start_coordinator(faults: str, report: Path, extra_env=None, extra_args=()):
     from helpers.coordinator import CoordinatorProcess
 
     env = {"FAKEGPU_FAULTS": faults} if faults else {}
     env.update(extra_env or {})
     return CoordinatorProcess("unix", extra_env=env,
-                              extra_args=("--timeout-ms", str(TIMEOUT_MS), "--report", str(report)))
+                              extra_args=("--timeout-ms", str(TIMEOUT_MS), "--report", str(report), *extra_args))
 
 
 def start_ranks(nranks: int, coordinator, library: str, plan: dict, run_dir: Path, env=None):
@@ -183,10 +184,10 @@ def check_report(report: Path) -> dict:
     return json.loads(report.read_text())
 
 
-def run_fault(library, faults: str, nranks: int = 3, plan=None, env=None):
+def run_fault(library, faults: str, nranks: int = 3, plan=None, env=None, extra_args=()):
     run_dir = Path(tempfile.mkdtemp(prefix="fgpu-faults-"))
     report = run_dir / "report.json"
-    with start_coordinator(faults, report) as coord:
+    with start_coordinator(faults, report, extra_args=extra_args) as coord:
         procs = start_ranks(nranks, coord, library, plan or {}, run_dir, env)
         codes = wait(procs)
         coord.stop()
@@ -225,6 +226,8 @@ def test_kill_fails_peers_with_remote_error(library):
     assert failed and 1 in failed[0]["missing_ranks"] and failed[0]["op"] == "AllReduce"
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[0]["collective_calls"] >= 2 and ranks[2]["collective_calls"] >= 2   # accounting kept
+    markdown = (run_dir / "report.md").read_text()
+    assert "## Failures and recovery" in markdown and "kill:rank=1:seq=3" in markdown
 
 
 def test_drop_gives_victim_system_error_and_peers_remote_error(library):
@@ -268,14 +271,16 @@ def test_short_delay_slows_the_call_but_it_succeeds(library):
 
 
 def test_delay_beyond_the_timeout_fails_every_rank_with_timeout(library):
-    run_dir, codes, report, _ = run_fault(library, "delay:rank=0:seq=3:ms=3000")
+    run_dir, codes, report, _ = run_fault(library, "delay:rank=0:seq=3:ms=2500",
+                                          env={"FAKEGPU_CLIENT_WAIT_MARGIN_MS": "4000"})
     res = results(run_dir, [0, 1, 2])
     _record("delay>timeout", res)
     for r in (1, 2):
         err = res[r]["error"]
         assert err["result"] == "ncclTimeout" and err["call"] == 3
         assert err["elapsed_s"] < TIMEOUT_MS / 1000 + MARGIN_S
-    assert res[0]["error"]["result"] == "ncclTimeout"               # the late rank learns it too
+    # The late rank learns it too, once its call is released (2.5 s, well before its own 6 s client limit).
+    assert res[0]["error"]["result"] == "ncclTimeout" and res[0]["error"]["elapsed_s"] < 2.5 + MARGIN_S
 
 
 def test_disagreement_is_invalid_usage_naming_what_each_rank_asked(library):
@@ -331,6 +336,32 @@ def test_shrink_excluding_the_dead_rank_gives_a_working_communicator(library):
     assert len(shrinks) == 1 and shrinks[0]["excluded"] == [1] and shrinks[0]["members"] == [0, 2]
     child = [c for c in report["communicators"] if c["id"] == shrinks[0]["comm"]][0]
     assert child["parent_id"] == shrinks[0]["parent"] and child["members"] == [0, 2] and child["operations"] == 1
+
+
+CLUSTER = """
+version: 1
+nodes:
+  - {id: node0, ranks: [0], gpus: [{profile: h100}]}
+  - {id: node1, ranks: [1], gpus: [{profile: h100}]}
+fabric:
+  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2}
+  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}
+"""
+
+
+def test_slow_link_slows_the_modeled_time_in_the_report(library, tmp_path):
+    config = tmp_path / "cluster.yaml"
+    config.write_text(CLUSTER)
+    times = {}
+    for faults in ("", "slow_link:nodes=node0-node1:factor=4"):
+        run_dir, codes, report, _ = run_fault(library, faults, nranks=2, plan={"calls": 3, "count": 1 << 22},
+                                              extra_args=("--cluster-config", str(config)))
+        assert codes == [0, 0]
+        times[faults] = report["collectives"]["AllReduce"]["modeled_time_s"]
+    base, slow = times[""], times["slow_link:nodes=node0-node1:factor=4"]
+    assert slow > 2 * base, times          # 4x on the bandwidth term; the latency term is unchanged
+    assert report["events"]["faults"] == [{"kind": "slow_link", "spec": "slow_link:nodes=node0-node1:factor=4",
+                                           "nodes": ["node0", "node1"], "factor": 4.0}]
 
 
 def test_timings_summary():

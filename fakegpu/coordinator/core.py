@@ -694,6 +694,9 @@ class Core:
             return
         if comm.gone_ranks:
             code, msg = self._gone_error(comm, f"collective #{seq} {describe_op(step.desc)}")
+            if seq > comm.reported_seq:   # one event per collective, not one per arriving rank
+                comm.reported_seq = seq
+                self._op_failed_event(comm, seq, [step], code, msg, sorted(comm.gone_ranks))
             self._op_done(step.group, step.index, code, msg)
             return
         slot = comm.slots.get(seq)

@@ -60,7 +60,7 @@ class Member:
 
 class Comm:
     __slots__ = ("id", "name", "nranks", "members", "record", "slots", "tombstones", "p2p",
-                 "gone_ranks", "splits", "shrinks", "call", "p2p_calls")
+                 "gone_ranks", "splits", "shrinks", "call", "p2p_calls", "reported_seq")
 
     def __init__(self, comm_id: int, name: str, parent_id: Optional[int]):
         self.id = comm_id
@@ -74,6 +74,7 @@ class Comm:
         self.gone_ranks: dict = {}     # rank -> (result, reason)
         self.splits: dict = {}         # split seq -> SplitRendezvous
         self.shrinks: dict = {}        # shrink seq -> ShrinkRendezvous
+        self.reported_seq = -1         # last collective seq failed for a gone member (one event each)
         self.call = None               # accumulator of the collective call in progress
         self.p2p_calls: dict = {}      # (sender, receiver) -> accumulator
 
