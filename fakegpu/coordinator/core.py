@@ -594,10 +594,14 @@ class Core:
             self._finish_group(group)
             return
         if self.faults and self.faults.armed:
-            hit = self.faults.match(self.handles.get, descs)
-            if hit is not None and hit[2].client is client and self._inject(client, group, descs, *hit):
+            hit = self.faults.match(lambda h: self._own_handle(client, h), descs)
+            if hit is not None and self._inject(client, group, descs, *hit):
                 return
         self._submit_group(client, group, descs)
+
+    def _own_handle(self, client: Client, handle: int) -> Optional[Member]:
+        m = self.handles.get(handle)
+        return m if m is not None and m.client is client else None
 
     def _submit_group(self, client: Client, group: GroupState, descs: list) -> None:
         now = self.clock()

@@ -114,6 +114,18 @@ def consistency_problems(report: dict) -> list[str]:
            f"timeline retained + dropped ({tl['retained']} + {tl['dropped_operations']}) != operations recorded {recorded}")
     if tl["dropped_operations"] == 0:
         out.extend(_timeline_problems(report, ops))
+
+    # Failure and recovery events (docs/faults.md), when the report has the section.
+    events = report.get("events")
+    if events is not None:
+        items = events["items"]
+        expect(events["retained"] == len(items), f"events.retained {events['retained']} != {len(items)} items listed")
+        expect(sum(events["by_event"].values()) == events["retained"] + events["dropped"],
+               f"events.by_event {events['by_event']} does not add up to retained + dropped "
+               f"({events['retained']} + {events['dropped']})")
+        fired = sum(f.get("fired", 0) for f in events["faults"])
+        injected = events["by_event"].get("fault_injected", 0)
+        expect(injected == fired, f"{injected} fault_injected events but the faults fired {fired} times")
     return out
 
 
