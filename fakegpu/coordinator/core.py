@@ -923,7 +923,7 @@ class Core:
         self._event("op_failed", comm=comm.id, name=comm.name, seq=seq,
                     call_seq=d[D_CALL_SEQ] if d else None,
                     op=P.KIND_NAMES.get(d[D_KIND], str(d[D_KIND])) if d else None,
-                    result=P.RESULT_NAMES.get(code, str(code)) if hasattr(P, "RESULT_NAMES") else code,
+                    result=P.RESULT_NAMES.get(code, str(code)),
                     arrived_ranks=sorted(s.member.rank for s in steps), missing_ranks=list(missing),
                     message=msg)
 
