@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import threading
+import time
 from typing import Any, Iterator, Optional, Union
 
 import numpy as np
@@ -350,6 +352,29 @@ class Nccl:
         uid = self.ffi.new("ncclUniqueId*")
         self.check(self.lib.ncclGetUniqueId(uid), "ncclGetUniqueId")
         return bytes(self.ffi.buffer(uid.internal, UNIQUE_ID_BYTES))
+
+    def shared_unique_id(self, path: "Union[str, os.PathLike]", rank: int,
+                         timeout_s: float = 60.0) -> bytes:
+        """A unique id agreed through a file that every rank can see.
+
+        Rank 0 writes a fresh id to ``path`` (atomically: readers never see half an id); the
+        other ranks wait for the file at most ``timeout_s`` seconds (TimeoutError).
+        """
+        path = os.fspath(path)
+        if rank == 0:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(self.get_unique_id())
+            os.replace(tmp, path)
+        else:
+            deadline = time.monotonic() + timeout_s
+            while not os.path.exists(path):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {rank}: no unique id from rank 0 in {path} "
+                                       f"after {timeout_s:g} s")
+                time.sleep(0.005)
+        with open(path, "rb") as fh:
+            return fh.read()
 
     def _unique_id(self, unique_id: bytes) -> Any:
         raw = bytes(unique_id)

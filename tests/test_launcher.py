@@ -40,17 +40,7 @@ JOB = textwrap.dedent("""
     from fakegpu.nccl import Nccl
     rank = int(os.environ["RANK"])
     nccl = Nccl("libnccl.so.2")
-    uid_path = os.path.join(out_dir, "uid")
-    if rank == 0:
-        with open(uid_path + ".tmp", "wb") as f:
-            f.write(nccl.get_unique_id())
-        os.rename(uid_path + ".tmp", uid_path)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(uid_path):
-        if time.monotonic() > deadline:
-            sys.exit("rank %d: no unique id" % rank)
-        time.sleep(0.01)
-    comm = nccl.comm_init_rank(world, open(uid_path, "rb").read(), rank)
+    comm = nccl.comm_init_rank(world, nccl.shared_unique_id(os.path.join(out_dir, "uid"), rank), rank)
     count = int(os.environ.get("JOB_COUNT", "4096"))
     send = (np.arange(count, dtype=np.float32) % 97) * (rank + 1)
     recv = np.empty_like(send)

@@ -44,18 +44,9 @@ RANK = textwrap.dedent("""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out_dir = os.environ["OUT_DIR"]
     nccl = Nccl("libnccl.so.2")
-    uid_path = os.path.join(out_dir, "uid")
-    if rank == 0:
-        with open(uid_path + ".tmp", "wb") as f:
-            f.write(nccl.get_unique_id())
-        os.rename(uid_path + ".tmp", uid_path)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(uid_path):
-        if time.monotonic() > deadline:
-            sys.exit("rank %d: no unique id" % rank)
-        time.sleep(0.01)
+    uid = nccl.shared_unique_id(os.path.join(out_dir, "uid"), rank)
     try:
-        comm = nccl.comm_init_rank(world, open(uid_path, "rb").read(), rank)
+        comm = nccl.comm_init_rank(world, uid, rank)
     except NcclError as exc:
         print("rank %d: init failed: %s" % (rank, exc), file=sys.stderr)
         sys.exit(3)

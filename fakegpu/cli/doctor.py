@@ -64,16 +64,7 @@ _ALLREDUCE_RANK = textwrap.dedent("""
     from fakegpu.nccl import Nccl
     rank, world, uid_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     nccl = Nccl("libnccl.so.2")
-    if rank == 0:
-        with open(uid_path + ".tmp", "wb") as f:
-            f.write(nccl.get_unique_id())
-        os.rename(uid_path + ".tmp", uid_path)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(uid_path):
-        if time.monotonic() > deadline:
-            sys.exit("rank %d: no unique id from rank 0 within 30 s" % rank)
-        time.sleep(0.01)
-    uid = open(uid_path, "rb").read()
+    uid = nccl.shared_unique_id(uid_path, rank, timeout_s=30)
     comm = nccl.comm_init_rank(world, uid, rank)
     send = np.arange(1024, dtype=np.float32) * (rank + 1)
     recv = np.zeros_like(send)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -25,19 +24,7 @@ UID_WAIT_S = float(os.environ.get("FAKEGPU_TEST_UID_WAIT_S", "120"))
 
 def make_exchange(run_dir: Path, rank: int, nccl: Nccl):
     def exchange(tag: str) -> bytes:
-        path = run_dir / f"uid-{tag}"
-        if rank == 0:
-            tmp = run_dir / f".uid-{tag}.tmp"
-            tmp.write_bytes(nccl.get_unique_id())
-            os.replace(tmp, path)  # atomic: readers never see half an id
-            return path.read_bytes()
-        deadline = time.monotonic() + UID_WAIT_S
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {rank}: no unique id {tag!r} from rank 0 "
-                                   f"after {UID_WAIT_S} s")
-            time.sleep(0.005)
-        return path.read_bytes()
+        return nccl.shared_unique_id(run_dir / f"uid-{tag}", rank, UID_WAIT_S)
 
     return exchange
 
