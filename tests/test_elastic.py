@@ -29,8 +29,13 @@ SCRIPT = textwrap.dedent("""
     import json, os
     import torch
     import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    dist.init_process_group("fakegpu")
+    # torchrun's agent store can outlive an attempt, and fakegpu.torch keys the unique id by
+    # group name and per-process generation only: scope this attempt's keys (see the report).
+    store, rank, world = next(rendezvous("env://"))
+    dist.init_process_group("fakegpu", store=dist.PrefixStore("attempt%d" % attempt, store),
+                            rank=rank, world_size=world)
     rank, world = dist.get_rank(), dist.get_world_size()
     with open("attempt%d-rank%d.started" % (attempt, rank), "w"):
         pass
@@ -67,7 +72,7 @@ def test_torchrun_restarts_after_injected_kill_and_finishes(tmp_path, shim_libra
         (tmp_path / "cluster.yaml").write_text(YAML.split("faults:")[0])
         env["FAKEGPU_FAULTS"] = "kill:rank=1:seq=3"
     env["FAKEGPU_NCCL_LIBRARY"] = shim_library
-    env["FAKEGPU_COORDINATOR_TIMEOUT_MS"] = "5000"
+    env["FAKEGPU_COORDINATOR_TIMEOUT_MS"] = "60000"   # init waits for torch imports on a loaded box; the kill needs no timeout
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "fakegpu", "run", "--cluster-config", "cluster.yaml", "--report", "run.json", "--",
