@@ -29,13 +29,10 @@ SCRIPT = textwrap.dedent("""
     import json, os
     import torch
     import torch.distributed as dist
-    from torch.distributed.rendezvous import rendezvous
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    # torchrun's agent store can outlive an attempt, and fakegpu.torch keys the unique id by
-    # group name and per-process generation only: scope this attempt's keys (see the report).
-    store, rank, world = next(rendezvous("env://"))
-    dist.init_process_group("fakegpu", store=dist.PrefixStore("attempt%d" % attempt, store),
-                            rank=rank, world_size=world)
+    # A plain script: torchrun's agent store outlives the first attempt, and fakegpu.torch must
+    # not hand the restarted ranks the dead attempt's unique id.
+    dist.init_process_group("fakegpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     with open("attempt%d-rank%d.started" % (attempt, rank), "w"):
         pass

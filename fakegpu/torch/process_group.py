@@ -175,7 +175,10 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             nccl = library()
             generation = _generations.get(self._group_name, 0)
             _generations[self._group_name] = generation + 1
-            key = f"{_UID_KEY}/{generation}"
+            # The agent's store also outlives an elastic restart, where the per-process
+            # generation starts again at 0: the restart count keeps attempts apart.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            key = f"{_UID_KEY}/attempt{attempt}/{generation}"
             try:
                 # Rank 0 makes the id; the group's store (already scoped to this group by
                 # torch) hands it to the others, as ProcessGroupNCCL does.
