@@ -77,6 +77,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
 ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t* config);
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
@@ -531,6 +533,21 @@ class Comm:
         del keep
         if out[0] == self._ffi.NULL:
             return None
+        return Comm(self.nccl, out[0])
+
+    def shrink(self, exclude: "list[int]", *, name: Optional[str] = None,
+               abort: bool = False) -> "Comm":
+        """``ncclCommShrink``: a new communicator of this one's members minus ``exclude``.
+
+        Only the survivors call it; ``abort=True`` passes NCCL_SHRINK_ABORT.
+        """
+        out = self._ffi.new("ncclComm_t*")
+        ranks = self._ffi.new("int[]", [int(r) for r in exclude] or [0])
+        config, keep = (self.nccl.new_config(name=name) if name is not None
+                        else (self._ffi.NULL, []))
+        self._check(self._lib.ncclCommShrink(self._handle, ranks, len(exclude), out, config,
+                                             1 if abort else 0), "ncclCommShrink")
+        del keep
         return Comm(self.nccl, out[0])
 
     def finalize(self) -> None:

@@ -80,7 +80,7 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
     survivors = plan.get("recover")
     excluded = plan.get("shrink")
     if out["error"] and excluded is not None and rank not in excluded:
-        new = shrink(nccl, comm, excluded)      # recovery: the same communicator minus the dead
+        new = comm.shrink(excluded)      # recovery: the same communicator minus the dead
         out["shrunk"] = {"rank": new.rank, "size": new.size}
         send = np.full(COUNT, rank + 1, dtype=np.float32)
         recv = np.zeros(COUNT, dtype=np.float32)
@@ -102,23 +102,6 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
     elif not out["error"]:
         comm.destroy()
     return 0
-
-
-def shrink(nccl, comm, excluded: list):
-    """ncclCommShrink through ctypes (the cffi binding does not declare it)."""
-    import ctypes
-
-    from fakegpu.nccl import Comm, NcclError
-
-    lib = ctypes.CDLL(nccl.path)
-    lib.ncclCommShrink.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int,
-                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int]
-    out = ctypes.c_void_p()
-    ranks = (ctypes.c_int * max(1, len(excluded)))(*excluded)
-    rc = lib.ncclCommShrink(comm.handle, ranks, len(excluded), ctypes.byref(out), None, 0)
-    if rc != 0:
-        raise NcclError(rc, "ncclCommShrink", nccl.last_error(comm))
-    return Comm(nccl, nccl.ffi.cast("ncclComm_t", out.value))
 
 
 # ----------------------------------------------------------------------------- harness
