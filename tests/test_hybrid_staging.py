@@ -15,10 +15,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers.native_programs import build_c_program, run_c_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
@@ -37,45 +38,14 @@ def built(shim_library, tmp_path_factory):
            str(NATIVE / "tests" / "fake_cudart.c"), "-pthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"building fake_cudart.c failed:\n{proc.stderr}"
-    libdir = out / "lib"
-    libdir.mkdir()
-    (libdir / "libnccl.so.2").symlink_to(Path(shim_library))
-    binary = out / "fake_cudart_test"
-    cmd = ["cc", "-std=c11", "-D_DEFAULT_SOURCE", "-O1", "-Wall", "-pthread",
-           "-Werror=implicit-function-declaration", f"-I{NATIVE / 'include'}",
-           str(NATIVE / "tests" / "fake_cudart_test.c"), "-o", str(binary),
-           str(libdir / "libnccl.so.2"), f"-Wl,-rpath,{libdir}", "-ldl"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"compiling fake_cudart_test.c failed:\n{proc.stderr}"
+    binary = build_c_program("fake_cudart_test.c", out / "fake_cudart_test", shim_library, ["-ldl"])
     return binary, cudart_dir
 
 
 def run_ranks(binary: Path, cudart_dir: Path, nranks: int, coordinator, tmp_path: Path, env_extra: dict,
               timeout_s: float = 120) -> list[str]:
-    uid = tmp_path / "unique_id"
-    procs = []
-    for rank in range(nranks):
-        env = dict(os.environ)
-        env.update(coordinator.client_env)
-        env.update({"RANK": str(rank), "WORLD_SIZE": str(nranks), "LOCAL_RANK": str(rank),
-                    "LD_LIBRARY_PATH": str(cudart_dir)})
-        env.update(env_extra)
-        procs.append(subprocess.Popen([str(binary), str(uid)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + timeout_s
-    outputs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"ranks did not finish in {timeout_s} s\n{coordinator.log()}")
-        outputs.append((p.returncode, out))
-    for rank, (rc, out) in enumerate(outputs):
-        assert rc == 0, f"rank {rank} exited {rc}:\n{out}\ncoordinator log:\n{coordinator.log()}"
-        assert f"fake_cudart_test rank {rank}: OK" in out, out
-    return [out for _, out in outputs]
+    return run_c_ranks(binary, nranks, coordinator, tmp_path,
+                       {"LD_LIBRARY_PATH": str(cudart_dir), **env_extra}, timeout_s)
 
 
 def counts(out: str) -> dict:

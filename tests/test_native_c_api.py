@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.native_programs import build_c_program, run_c_ranks
+
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
 
@@ -31,44 +33,8 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("c++"
 @pytest.fixture(scope="module")
 def c_api_test(shim_library, tmp_path_factory) -> Path:
     """c_api_test.c compiled against our nccl.h and linked to the shim under test."""
-    out = tmp_path_factory.mktemp("c-api") / "c_api_test"
-    lib = Path(shim_library)
-    # Link through a private directory whose libnccl.so.2 is the shim under test, so the
-    # binary's NEEDED/rpath can only ever resolve to it.
-    libdir = out.parent / "lib"
-    libdir.mkdir()
-    (libdir / "libnccl.so.2").symlink_to(lib)
-    cmd = ["cc", "-std=c11", "-D_DEFAULT_SOURCE", "-O1", "-Wall", "-pthread", "-Werror=implicit-function-declaration",
-           f"-I{NATIVE / 'include'}", str(NATIVE / "tests" / "c_api_test.c"), "-o", str(out),
-           str(libdir / "libnccl.so.2"), f"-Wl,-rpath,{libdir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"compiling c_api_test failed:\n{proc.stderr}"
-    return out
-
-
-def run_c_ranks(binary: Path, nranks: int, coordinator, tmp_path: Path, extra_env=None, timeout_s=120):
-    uid = tmp_path / "unique_id"
-    procs = []
-    for rank in range(nranks):
-        env = dict(os.environ)
-        env.update(coordinator.client_env)
-        env.update({"RANK": str(rank), "WORLD_SIZE": str(nranks), "LOCAL_RANK": str(rank)})
-        env.update(extra_env or {})
-        procs.append(subprocess.Popen([str(binary), str(uid)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"c_api_test ranks did not finish in {timeout_s} s\n{coordinator.log()}")
-        outputs.append((p.returncode, out))
-    for rank, (rc, out) in enumerate(outputs):
-        assert rc == 0, f"rank {rank} exited {rc}:\n{out}\ncoordinator log:\n{coordinator.log()}"
-        assert f"c_api_test rank {rank}: OK" in out
+    return build_c_program("c_api_test.c", tmp_path_factory.mktemp("c-api") / "c_api_test",
+                           shim_library)
 
 
 def test_protocol_vectors(tmp_path):
