@@ -25,7 +25,7 @@ OPDESC_SIZE = OPDESC_STRUCT.size  # 80
 assert HEADER_SIZE == 16 and OPDESC_SIZE == 80
 
 MAX_STR_BYTES = 0xFFFF
-# Frames other than GROUP / GROUP_DONE / SIMULATE are small; so are descriptor tables (the
+# Frames other than GROUP / GROUP_DONE / SIMULATE / ACCOUNT are small; so are descriptor tables (the
 # "+ 16 MiB" of the body limit). Bounding them bounds what a connection can make us buffer.
 MAX_SMALL_BODY = 256 * 1024
 MAX_DESCRIPTOR_BYTES = 16 << 20
@@ -46,6 +46,7 @@ GROUP = 20
 GROUP_DONE = 21
 SIMULATE = 22
 SIMULATE_DONE = 23
+ACCOUNT = 24
 PING = 30
 PONG = 31
 SHUTDOWN = 32
@@ -54,10 +55,11 @@ MESSAGE_NAMES = {
     HELLO: "HELLO", HELLO_OK: "HELLO_OK", ERROR: "ERROR", OK: "OK",
     COMM_INIT: "COMM_INIT", COMM_INFO: "COMM_INFO", COMM_SPLIT: "COMM_SPLIT",
     COMM_FREE: "COMM_FREE", COMM_SHRINK: "COMM_SHRINK", GROUP: "GROUP", GROUP_DONE: "GROUP_DONE",
-    SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE", PING: "PING", PONG: "PONG",
+    SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE", ACCOUNT: "ACCOUNT", PING: "PING", PONG: "PONG",
     SHUTDOWN: "SHUTDOWN",
 }
-CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, GROUP, SIMULATE, PING, SHUTDOWN})
+CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, GROUP, SIMULATE, ACCOUNT, PING,
+                              SHUTDOWN})
 SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
 
 # HELLO / HELLO_OK flags.
@@ -119,7 +121,7 @@ FREE_ABORT = 1
 FREE_FINALIZE = 2
 
 
-_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE})
+_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE, ACCOUNT})
 
 
 class ProtocolError(Exception):
@@ -283,6 +285,15 @@ class Simulate:
 
 
 @dataclass(frozen=True)
+class Account:
+    """Proxy mode: the ops a rank forwarded to NVIDIA's NCCL, matched and accounted like a
+    GROUP's steps with no data movement; answered by GROUP_DONE without payload."""
+    TYPE: ClassVar[int] = ACCOUNT
+    ops: tuple = ()
+    flags: int = 0
+
+
+@dataclass(frozen=True)
 class SimulateDone:
     TYPE: ClassVar[int] = SIMULATE_DONE
     estimated_time_us: float
@@ -306,7 +317,7 @@ class Shutdown:
 
 
 Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommShrink, CommFree, Group,
-                GroupDone, Simulate, SimulateDone, Ping, Pong, Shutdown]
+                GroupDone, Simulate, SimulateDone, Account, Ping, Pong, Shutdown]
 
 # --------------------------------------------------------------------------- encoding
 
@@ -386,6 +397,9 @@ def encode_body(msg: Message) -> bytes:
                 + encode_str(msg.message, truncate=True) + bytes(msg.payload))
     if t == SIMULATE:
         return (_pack(_GROUP_PREFIX, "SIMULATE", len(msg.ops), msg.flags)
+                + b"".join(op.pack() for op in msg.ops))
+    if t == ACCOUNT:
+        return (_pack(_GROUP_PREFIX, "ACCOUNT", len(msg.ops), msg.flags)
                 + b"".join(op.pack() for op in msg.ops))
     if t == SIMULATE_DONE:
         return _pack(_F64, "SIMULATE_DONE", msg.estimated_time_us)
@@ -496,11 +510,13 @@ def decode_body(msg_type: int, body) -> Message:
             raise ProtocolError(f"COMM_SHRINK n_excluded {n_excluded} is larger than a body can hold")
         excluded = r.unpack(struct.Struct(f"<{n_excluded}i"), "excluded")
         msg = CommShrink(parent, flags, tuple(excluded), r.str("name"))
-    elif msg_type in (GROUP, SIMULATE):
+    elif msg_type in (GROUP, SIMULATE, ACCOUNT):
         n_ops, flags = r.unpack(_GROUP_PREFIX, "n_ops/flags")
         ops = decode_ops(r, n_ops)
         if msg_type == GROUP:
             msg = Group(ops, flags, r.rest())
+        elif msg_type == ACCOUNT:
+            msg = Account(ops, flags)
         else:
             msg = Simulate(ops, flags)
     elif msg_type == GROUP_DONE:
@@ -594,7 +610,7 @@ class FrameParser:
         if self.accepted_types is not None and msg_type not in self.accepted_types:
             raise ProtocolError(f"message type {MESSAGE_NAMES[msg_type]} ({msg_type}) is not accepted in this direction")
         limit = self.max_body_len if msg_type in _LARGE_TYPES else min(self.max_body_len, MAX_SMALL_BODY)
-        if msg_type == SIMULATE:
+        if msg_type == SIMULATE or msg_type == ACCOUNT:
             limit = min(limit, MAX_DESCRIPTOR_BYTES + 8)
         if body_len > limit:
             raise ProtocolError(

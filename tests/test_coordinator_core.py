@@ -574,3 +574,48 @@ def test_simulate_calls_cost_model():
                                     p2p(handles[1], P.KIND_SEND, 0, 8))))
     assert h.reply(1, rid).estimated_time_us == pytest.approx(4.0)
     assert seen == [("AllReduce", 4, 4, (0, 1), -1, -1), ("SendRecv", 8, 4, (0, 1), 1, 0)]
+
+
+def _accounted(desc):
+    """An OpDesc as the proxy shim sends it in ACCOUNT: nothing staged."""
+    import dataclasses
+    return dataclasses.replace(desc, in_offset=0, in_len=0, out_offset=0, out_len=0)
+
+
+def test_account_matches_and_records_without_moving_data():
+    rec = ListRecorder()
+    h = Harness(recorder=rec)
+    socket = lambda hello, S: (np.zeros(2 * S, dtype=np.uint8), False)  # noqa: E731
+    for c in range(2):
+        assert isinstance(h.hello(c, rank=c, factory=socket), P.HelloOk)
+    handles = [i.comm_handle for i in h.init([0, 1])]
+    h.staging(1)[1][:16] = 7  # an accounted op must not write the output region
+    rids = [h.send(r, P.Account(ops=(_accounted(op(handles[r], P.KIND_ALLREDUCE, 7, 1 << 30, 2, rank=r)),
+                                     _accounted(p2p(handles[r], P.KIND_SEND, 1 - r, 3)),
+                                     _accounted(p2p(handles[r], P.KIND_RECV, 1 - r, 3)))))
+            for r in range(2)]
+    for r in range(2):
+        done = h.reply(r, rids[r])
+        assert isinstance(done, P.GroupDone) and done.results == (0, 0, 0) and done.payload == b""
+    assert h.staging(1)[1][:16].tolist() == [7] * 16
+    kinds = [(o.kind, o.count, o.socket_bytes, o.status) for o in rec.ops]
+    assert kinds[0] == ("AllReduce", 1 << 30, 0, "ok")  # larger than the staging regions: not staged
+    assert sorted(kinds[1:]) == [("SendRecv", 3, 0, "ok")] * 2
+    # A disagreement fails every member with the same message, as for GROUP.
+    rids = [h.send(r, P.Account(ops=(_accounted(op(handles[r], P.KIND_ALLREDUCE, 7, 12 if r == 0 else 8, 2,
+                                                  rank=r)),)))
+            for r in range(2)]
+    for r in range(2):
+        done = h.reply(r, rids[r])
+        assert done.results == (P.NCCL_INVALID_USAGE,)
+        assert "count=12" in done.message and "count=8" in done.message
+    assert rec.ops[-1].status == "mismatch"
+
+
+def test_account_and_group_do_not_mix(h):
+    handles = world(h, 2)
+    r0 = h.send(0, P.Account(ops=(_accounted(op(handles[0], P.KIND_ALLREDUCE, 7, 4, 2, rank=0)),)))
+    r1 = h.send(1, P.Group(ops=(op(handles[1], P.KIND_ALLREDUCE, 7, 4, 2, rank=1),)))
+    for r, rid in ((0, r0), (1, r1)):
+        done = h.reply(r, rid)
+        assert done.results == (P.NCCL_INVALID_USAGE,) and "FAKEGPU_DIST_MODE" in done.message

@@ -103,6 +103,8 @@ def _vector_messages():
                      message="comm 1 seq 3 AllReduce: rank 1 asked float32 sum count=4, rank 0 asked float16 sum count=4")),
         ("simulate", 14, P.Simulate(ops=many_ops[:3], flags=0)),
         ("simulate_done", 14, P.SimulateDone(estimated_time_us=1234.5)),
+        ("account", 20, P.Account(ops=tuple(dataclasses.replace(op, in_offset=0, in_len=0, out_offset=0, out_len=0)
+                                            for op in (many_ops[0], many_ops[7], many_ops[8])), flags=0)),
         ("ping", 15, P.Ping()),
         ("pong", 15, P.Pong(description='{"version":"0.1.0","pid":1,"transport":"unix","clients":0}')),
         ("shutdown", 16, P.Shutdown(token="s3cret")),
@@ -122,7 +124,7 @@ def _jsonable(value):
 
 def _fields(msg) -> dict:
     out = {f.name: _jsonable(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
-    if isinstance(msg, (P.Group, P.Simulate)):
+    if isinstance(msg, (P.Group, P.Simulate, P.Account)):
         out = {"n_ops": len(msg.ops), **out}
     if isinstance(msg, P.GroupDone):
         out = {"n_ops": len(msg.results), **out}
@@ -146,7 +148,7 @@ def _message_from_fields(msg_type: int, fields: dict):
         f[k] = bytes.fromhex(f[k])
     if msg_type == P.COMM_INIT:
         unhex("unique_id")
-    if msg_type in (P.GROUP, P.SIMULATE):
+    if msg_type in (P.GROUP, P.SIMULATE, P.ACCOUNT):
         f.pop("n_ops")
         f["ops"] = tuple(P.OpDesc(**{**o, "scalar": bytes.fromhex(o["scalar"])}) for o in f["ops"])
     if msg_type in (P.GROUP, P.GROUP_DONE):
@@ -160,7 +162,7 @@ def _message_from_fields(msg_type: int, fields: dict):
         f.pop("nranks")
         f["global_ranks"] = tuple(f["global_ranks"])
     cls = {c.TYPE: c for c in (P.Hello, P.HelloOk, P.Error, P.Ok, P.CommInit, P.CommInfo, P.CommSplit, P.CommShrink,
-                               P.CommFree, P.Group, P.GroupDone, P.Simulate, P.SimulateDone, P.Ping,
+                               P.CommFree, P.Group, P.GroupDone, P.Simulate, P.SimulateDone, P.Account, P.Ping,
                                P.Pong, P.Shutdown)}[msg_type]
     return cls(**f)
 

@@ -223,3 +223,67 @@ def test_passthrough_reports_the_real_librarys_async_errors(shim_library, tmp_pa
     assert "ASYNC [6, 6]" in proc.stdout
     report = json.loads((tmp_path / "report.json.rank0").read_text())
     assert [c["state"] for c in report["communicators"]] == ["aborted", "aborted"]
+
+
+# Two ranks held by one process in proxy mode: three allreduces and a send/recv exchange are
+# checked and accounted by the coordinator (ACCOUNT), then a count mismatch is refused before
+# the real library sees it.
+ACCOUNT_WORKER = textwrap.dedent(r"""
+    import ctypes, json, os, sys
+    import numpy as np
+    from fakegpu.nccl import Nccl, NcclError, RedOp
+    nccl = Nccl(sys.argv[1])
+    comms = nccl.comm_init_all(2)
+    f32 = np.float32
+    x = [np.arange(12, dtype=f32) + 100 * r for r in range(2)]
+    y = [np.zeros(12, f32) for _ in range(2)]
+    for _ in range(3):
+        with nccl.group():
+            for r, c in enumerate(comms):
+                c.all_reduce(x[r], y[r], 12, f32, RedOp.sum)
+        for r in range(2):
+            np.testing.assert_array_equal(y[r], x[0] + x[1])
+    with nccl.group():
+        for r, c in enumerate(comms):
+            c.send(x[r], 12, f32, 1 - r)
+            c.recv(y[r], 12, f32, 1 - r)
+    for r in range(2):
+        np.testing.assert_array_equal(y[r], x[1 - r])
+    lib = ctypes.CDLL(os.environ["STANDIN"])
+    lib.standin_calls.restype = ctypes.c_long
+    before = lib.standin_calls(b"ncclAllReduce")
+    try:
+        with nccl.group():
+            comms[0].all_reduce(x[0], y[0], 12, f32, RedOp.sum)
+            comms[1].all_reduce(x[1], y[1], 8, f32, RedOp.sum)
+        print("NOERROR")
+    except NcclError as e:
+        print("MISMATCH", json.dumps({"result": e.result, "detail": e.detail,
+                                      "comm": [nccl.last_error(c) for c in comms],
+                                      "forwarded": lib.standin_calls(b"ncclAllReduce") - before}))
+    for c in comms:
+        c.destroy()
+""")
+
+
+def test_proxy_checks_and_accounts_every_call(shim_library, tmp_path, standin, start_coordinator):
+    report = tmp_path / "coordinator-report.json"
+    coordinator = start_coordinator("unix", extra_env={"FAKEGPU_CLUSTER_REPORT_PATH": str(report)})
+    env = dict(coordinator.client_env, FAKEGPU_DIST_MODE="proxy", FAKEGPU_REAL_NCCL_PATH=str(standin))
+    proc = run_worker(shim_library, env, tmp_path, standin, ACCOUNT_WORKER)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + coordinator.log()
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("MISMATCH ")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    got = json.loads(line[len("MISMATCH "):])
+    assert got["result"] == 5, got                      # ncclInvalidUsage
+    assert got["forwarded"] == 0, got                   # refused before real NCCL saw it
+    for text in [got["detail"], *got["comm"]]:
+        assert "count=12" in text and "count=8" in text, got
+    coordinator.stop()
+    data = json.loads(report.read_text())
+    allreduce = data["collectives"]["AllReduce"]
+    assert allreduce["calls"] == 3, allreduce
+    assert allreduce["logical_bytes"] == 3 * 48, allreduce
+    assert allreduce["errors"] == 1 and allreduce["socket_bytes"] == 0, allreduce   # the refused call
+    p2p = data["point_to_point"]
+    assert p2p["operations"] == 2 and p2p["bytes"] == 2 * 48 and p2p["socket_bytes"] == 0, p2p

@@ -162,6 +162,8 @@ class Core:
                 self._comm_shrink(client, frame)
             elif t == P.SIMULATE:
                 self._simulate(client, frame)
+            elif t == P.ACCOUNT:
+                self._account(client, frame)
             elif t == P.PING:
                 out.append((SEND, conn_id, self._pong(frame.request_id)))
             elif t == P.SHUTDOWN:
@@ -599,6 +601,30 @@ class Core:
                 return
         self._submit_group(client, group, descs)
 
+    def _account(self, client: Client, frame: P.Frame) -> None:
+        """ACCOUNT (proxy mode): the ops a rank forwarded to NVIDIA's NCCL. They are matched
+        exactly like a GROUP's steps (agreement checks, Send/Recv pairing, timeouts) and recorded
+        in the report, but nothing is staged or executed; the answer is a GROUP_DONE without
+        payload."""
+        body = frame.body
+        rid = frame.request_id
+        if len(body) < 8:
+            raise P.ProtocolError(f"ACCOUNT body of {len(body)} bytes is shorter than its 8-byte prefix")
+        n_ops, _flags = _GROUP_PREFIX.unpack_from(body, 0)
+        desc_end = 8 + n_ops * 80
+        if len(body) != desc_end:
+            raise P.ProtocolError(f"ACCOUNT declares {n_ops} ops but its body holds {len(body)} bytes")
+        if rid in client.groups:
+            raise P.ProtocolError(f"ACCOUNT request_id {rid} is already in flight on this connection")
+        descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
+        group = GroupState(client, rid, descs, False, accounted=True)
+        client.groups[rid] = group
+        self.n_groups += 1
+        if n_ops == 0:
+            self._finish_group(group)
+            return
+        self._submit_group(client, group, descs)
+
     def _own_handle(self, client: Client, handle: int) -> Optional[Member]:
         m = self.handles.get(handle)
         return m if m is not None and m.client is client else None
@@ -658,7 +684,7 @@ class Core:
                 uniq = list(dict.fromkeys(group.messages))
                 msg = "; ".join(uniq)
             head = struct.pack(f"<I{n}i", n, *results) + P.encode_str(msg, truncate=True)
-        if client.shm:
+        if client.shm or group.accounted:
             self._out.append((SEND, client.id, _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE,
                                                           group.request_id, len(head)) + head))
             return
@@ -686,7 +712,7 @@ class Core:
         comm = member.comm
         seq = member.coll_seq
         member.coll_seq = seq + 1
-        err, step.sig = validate(step.desc, member, member.client.S)
+        err, step.sig = validate(step.desc, member, member.client.S, step.group.accounted)
         if err is not None:
             step.error = err
         tomb = comm.tombstones.get(seq)
@@ -743,6 +769,24 @@ class Core:
             return
         kind = first[D_KIND]
         dt = DTYPES[first[D_DTYPE]]
+        accounted = steps[0].group.accounted
+        if any(s.group.accounted != accounted for s in steps):
+            msg = (f"{comm.label()} collective #{slot.seq} {describe_op(first)}: ranks "
+                   f"{[s.member.rank for s in steps if s.group.accounted]} run in proxy mode (real NCCL moves the "
+                   f"data), ranks {[s.member.rank for s in steps if not s.group.accounted]} do not; every rank "
+                   "must use the same FAKEGPU_DIST_MODE")
+            for t in steps:
+                self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
+            self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
+            return
+        if accounted:  # proxy mode: NVIDIA's NCCL moved the data; only match and account
+            t0 = self.clock()
+            self.n_ops += 1
+            if self.recording:
+                self._record_collective(slot, steps, first, dt, t0, t0)
+            for s in steps:
+                self._op_done(s.group, s.index, 0, None)
+            return
         ins = []
         outs = []
         for s in steps:
@@ -774,7 +818,7 @@ class Core:
         d = step.desc
         member = step.member
         comm = member.comm
-        err = validate(d, member, member.client.S)[0]
+        err = validate(d, member, member.client.S, step.group.accounted)[0]
         if err is not None:
             self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
                           f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")
@@ -825,6 +869,21 @@ class Core:
         if sd[D_DTYPE] != rd[D_DTYPE] or sd[D_STEP] != rd[D_STEP] or sd[D_TOTAL] != rd[D_TOTAL]:
             msg = (f"{comm.label()} Send/Recv #{q.matched - 1} from rank {key[0]} to rank {key[1]} disagree: "
                    f"rank {key[0]} sends {describe_op(sd)}; rank {key[1]} receives {describe_op(rd)}")
+            if send.payload is None:
+                self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
+            self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
+            return
+        if send.group.accounted or recv.group.accounted:
+            t0 = self.clock()
+            if send.group.accounted == recv.group.accounted:  # proxy mode: real NCCL moved the data
+                self.n_ops += 1
+                if self.recording:
+                    self._record_p2p(comm, key, q, send, recv, t0, t0)
+                self._op_done(send.group, send.index, 0, None)
+                self._op_done(recv.group, recv.index, 0, None)
+                return
+            msg = (f"{comm.label()} Send/Recv #{q.matched - 1} from rank {key[0]} to rank {key[1]}: one side runs "
+                   "in proxy mode and the other does not; every rank must use the same FAKEGPU_DIST_MODE")
             if send.payload is None:
                 self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
             self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
@@ -1022,7 +1081,7 @@ class Core:
         for s in steps:
             g = s.member.global_rank
             waits[g] = waits.get(g, 0.0) + (last_arrival - s.arrived_at)
-            if not s.member.client.shm:
+            if not s.member.client.shm and not s.group.accounted:
                 call["socket_bytes"] += s.desc[D_IN_LEN] + s.desc[D_OUT_LEN]
         if first[D_FLAGS] & _LAST or not first[D_FLAGS] & (_FIRST | _LAST):
             comm.call = None
@@ -1046,9 +1105,9 @@ class Core:
         for s in (send, recv):
             g = s.member.global_rank
             call["waits"][g] = call["waits"].get(g, 0.0) + (later - s.arrived_at)
-        if not send.member.client.shm and send.payload is None:
+        if not send.member.client.shm and send.payload is None and not send.group.accounted:
             call["socket_bytes"] += sd[D_IN_LEN]
-        if not recv.member.client.shm:
+        if not recv.member.client.shm and not recv.group.accounted:
             call["socket_bytes"] += recv.desc[D_OUT_LEN]
         if sd[D_FLAGS] & _LAST or not sd[D_FLAGS] & (_FIRST | _LAST):
             del comm.p2p_calls[key]

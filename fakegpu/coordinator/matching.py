@@ -19,10 +19,11 @@ _ROOTED = P.ROOTED_KINDS
 
 
 class GroupState:
-    """One GROUP frame of one client, until every op has completed or failed."""
-    __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial")
+    """One GROUP (or ACCOUNT) frame of one client, until every op has completed or failed.
+    ``accounted``: an ACCOUNT frame (proxy mode) -- matched and recorded, no data moves."""
+    __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial", "accounted")
 
-    def __init__(self, client, request_id: int, descs: list, partial: bool):
+    def __init__(self, client, request_id: int, descs: list, partial: bool, accounted: bool = False):
         self.client = client
         self.request_id = request_id
         self.descs = descs
@@ -30,6 +31,7 @@ class GroupState:
         self.messages: list = []
         self.remaining = len(descs)
         self.partial = partial
+        self.accounted = accounted
 
 
 class Step:
@@ -131,28 +133,32 @@ _SHAPE_CACHE: dict = {}
 _SHAPE_CACHE_MAX = 4096  # a job has a handful of distinct op shapes
 
 
-def validate(desc: tuple, member, S: int) -> tuple:
+def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
     """(error, signature): error is None when the op is well formed for this member, else
     what is wrong; signature is what the members of a collective must agree on.
 
     The hot path: the shape checks depend only on (kind, dtype, redop, root, counts,
-    lengths, rank, nranks) and are memoised; only the staging offsets are checked per op."""
-    key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-           member.rank, member.comm.nranks)
+    lengths, rank, nranks) and are memoised; only the staging offsets are checked per op.
+    An accounted op (ACCOUNT, proxy mode) stages nothing: its lengths and offsets are not checked."""
+    if accounted:
+        key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks)
+    else:
+        key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
+               member.rank, member.comm.nranks)
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
-        cached = (_validate_shape(desc, member), signature(desc))
+        cached = (_validate_shape(desc, member, not accounted), signature(desc))
         if cached[0] is None:  # only well-formed shapes: garbage must not fill the cache
             if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
                 _SHAPE_CACHE.clear()
             _SHAPE_CACHE[key] = cached
-    if cached[0] is None and (desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S):
+    if cached[0] is None and not accounted and (desc[D_IN_OFF] + desc[D_IN_LEN] > S or desc[D_OUT_OFF] + desc[D_OUT_LEN] > S):
         return (f"staging ranges in [{desc[D_IN_OFF]}, +{desc[D_IN_LEN]}) / out [{desc[D_OUT_OFF]}, "
                 f"+{desc[D_OUT_LEN]}) exceed the {S}-byte regions granted"), cached[1]
     return cached
 
 
-def _validate_shape(desc: tuple, member) -> Optional[str]:
+def _validate_shape(desc: tuple, member, check_lengths: bool = True) -> Optional[str]:
     kind = desc[D_KIND]
     if kind not in P.KIND_NAMES:
         return f"unknown op kind {kind}"
@@ -168,6 +174,8 @@ def _validate_shape(desc: tuple, member) -> Optional[str]:
         return f"{P.KIND_NAMES[kind]} {what} {root} is not a rank of a {n}-rank communicator"
     if desc[D_STEP] > desc[D_TOTAL]:
         return f"step_count {desc[D_STEP]} exceeds the call's count {desc[D_TOTAL]}"
+    if not check_lengths:
+        return None
     want_in, want_out = expected_lengths(kind, desc[D_STEP], dt.size, n, member.rank, root)
     if desc[D_IN_LEN] != want_in or desc[D_OUT_LEN] != want_out:
         return (f"{P.KIND_NAMES[kind]} of {desc[D_STEP]} {dt.name} on rank {member.rank} of {n} stages "

@@ -64,6 +64,10 @@ class DistMode {
   virtual ncclResult_t run_group(const std::vector<CollCall>& calls) = 0;
   // Asks for the modeled time of a group without running it.
   virtual ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) = 0;
+  // Proxy mode: has the coordinator match and account a group that NVIDIA's NCCL is about to
+  // run (ACCOUNT request, no data); a disagreement between the ranks fails it. Modes that keep
+  // no books on a coordinator accept every group.
+  virtual ncclResult_t account_group(const std::vector<CollCall>& calls) { return ncclSuccess; }
   // ncclGetUniqueId: our own random id, or the real library's (proxy/passthrough).
   virtual ncclResult_t get_unique_id(uint8_t out[128]);
   // An asynchronous failure the mode knows of beyond comm->async_error (the real library's,

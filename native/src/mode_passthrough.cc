@@ -220,6 +220,17 @@ class ForwardingMode : public DistMode {
     const real::Nccl* n;
     ncclResult_t rc = real::load(&n);
     if (rc != ncclSuccess) return rc;
+    // proxy: the coordinator checks and accounts the group BEFORE it is forwarded -- real NCCL
+    // would hang (or corrupt memory) on a collective the ranks disagree on. A refused group
+    // never reaches the real library.
+    if (coordinator_) {
+      rc = coordinator_->account_group(calls);
+      if (rc != ncclSuccess) {
+        std::string msg = last_error();
+        account(calls, false);
+        return fail(rc, msg);
+      }
+    }
     std::vector<std::pair<ncclRedOp_t, ncclComm_t>> ops;  // PreMulSum operators made for this group
     std::vector<ncclComm_t> reals(calls.size());
     rc = n->GroupStart();

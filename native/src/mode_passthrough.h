@@ -6,7 +6,8 @@
 //              communicator is destroyed and at exit.
 // proxy        the same, and every communicator is also created on the coordinator with the
 //              real library's binary unique id, so the coordinator checks that the ranks agree
-//              on membership and the split colours and attributes them to global ranks
+//              on membership and the split colours and attributes them to global ranks, and
+//              every group is checked and accounted there (ACCOUNT) before it is forwarded
 //              (mode_proxy.cc).
 #pragma once
 

@@ -4,8 +4,10 @@
 // 128-byte unique id travels intact as the communicator's key), so a rank that disagrees on
 // membership, size or split colour fails at creation with the coordinator's message, and the
 // coordinator's report lists the communicators with their global ranks.
-// Operation accounting stays per rank in this version (the report the forwarding mode
-// writes); see docs/gpu.md for the planned ACCOUNT message.
+// Every group is checked and accounted on the coordinator before it is forwarded: the
+// forwarding mode calls the simulate mode's account_group (one ACCOUNT request, no payload,
+// answered by GROUP_DONE); a disagreement between the ranks fails the group with the
+// coordinator's message and real NCCL never sees it (docs/protocol.md, ACCOUNT).
 #include "mode_passthrough.h"
 
 namespace fakegpu {

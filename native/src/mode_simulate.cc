@@ -296,6 +296,60 @@ class SimulateMode : public DistMode {
     return ncclSuccess;
   }
 
+  // ACCOUNT: one frame with every call of the group as a single step, nothing staged (lengths
+  // and offsets 0, no scalar: a device scalar must not be read here and is not compared).
+  ncclResult_t account_group(const std::vector<CollCall>& calls) override {
+    if (calls.empty()) return ncclSuccess;
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
+    uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
+    memcpy(body.data(), &n, 4);
+    memcpy(body.data() + 4, &flags, 4);
+    for (size_t k = 0; k < calls.size(); k++) {
+      const CollCall& c = calls[k];
+      proto::OpDesc d;
+      d.comm_handle = c.comm->handle;
+      d.kind = c.kind;
+      d.datatype = c.datatype;
+      d.redop = c.redop;
+      d.flags = static_cast<uint8_t>(proto::kOpFirstStep | proto::kOpLastStep | (c.in_place ? proto::kOpInPlace : 0));
+      d.root = c.root;
+      d.total_count = c.count;
+      d.step_count = c.count;
+      d.call_seq = c.call_seq;
+      proto::encode_opdesc(body.data() + 8 + k * proto::kOpDescSize, d);
+    }
+    Pending p;
+    rc = client->call(&p, proto::kAccount, body);
+    if (rc != ncclSuccess) {
+      mark_async(calls, rc);
+      return rc;
+    }
+    proto::Reader r(p.body.data(), p.body.size());
+    if (p.hdr.type == proto::kError) {
+      proto::Error e;
+      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
+      return failf(result_from_wire(e.result), "fakegpu: accounting a group on the coordinator: %s",
+                   e.message.c_str());
+    }
+    proto::GroupDone d;
+    if (p.hdr.type != proto::kGroupDone || !proto::decode(r, &d) || d.results.size() != calls.size())
+      return failf(ncclSystemError, "fakegpu: unexpected %s answer to ACCOUNT", proto::type_name(p.hdr.type));
+    ncclResult_t first_error = ncclSuccess;
+    std::string first_msg;
+    for (size_t k = 0; k < calls.size(); k++) {
+      ncclResult_t res = result_from_wire(d.results[k]);
+      if (res == ncclSuccess) continue;
+      Step st;
+      st.call = k;
+      note_failure(calls, st, res, d.message, &first_error, &first_msg);
+    }
+    if (first_error != ncclSuccess) return fail(first_error, first_msg);
+    return ncclSuccess;
+  }
+
  private:
   static void encode_desc(const CollCall& c, const Step& st, uint8_t* out) {
     proto::OpDesc d;

@@ -17,6 +17,7 @@ const char* type_name(uint16_t type) {
     case kGroupDone: return "GROUP_DONE";
     case kSimulate: return "SIMULATE";
     case kSimulateDone: return "SIMULATE_DONE";
+    case kAccount: return "ACCOUNT";
     case kPing: return "PING";
     case kPong: return "PONG";
     case kShutdown: return "SHUTDOWN";

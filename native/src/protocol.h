@@ -31,6 +31,7 @@ enum MsgType : uint16_t {
   kGroupDone = 21,
   kSimulate = 22,
   kSimulateDone = 23,
+  kAccount = 24,  // proxy mode: OpDescs of forwarded calls, matched and accounted; answered by GROUP_DONE
   kPing = 30,
   kPong = 31,
   kShutdown = 32,
@@ -171,7 +172,7 @@ struct OpDesc {
   uint8_t scalar[8] = {};
   uint32_t call_seq = 0, reserved = 0;
 };
-// GROUP / SIMULATE body up to (and including) the descriptors; payload is separate.
+// GROUP / SIMULATE / ACCOUNT body up to (and including) the descriptors; payload is separate.
 struct GroupHead {
   uint32_t n_ops = 0, flags = 0;
 };

@@ -283,7 +283,7 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       decoded = decode(r, &d) && d.comm_handle == m.comm_handle && d.how == m.how;
       break;
     }
-    case kGroup: case kSimulate: {
+    case kGroup: case kSimulate: case kAccount: {
       GroupHead h{(uint32_t)f["n_ops"].u(), (uint32_t)(f.has("flags") ? f["flags"].u() : 0)};
       encode(w, h);
       std::vector<OpDesc> ops;
