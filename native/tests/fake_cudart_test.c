@@ -20,33 +20,14 @@
 #include <unistd.h>
 
 #include "nccl.h"
+#include "test_util.h"
 
-static int g_rank = -1, g_failures = 0;
-
-#define CHECK_NCCL(call)                                                                   \
-  do {                                                                                     \
-    ncclResult_t r_ = (call);                                                              \
-    if (r_ != ncclSuccess) {                                                               \
-      fprintf(stderr, "rank %d: %s:%d: %s -> %s: %s\n", g_rank, __FILE__, __LINE__, #call, \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                             \
-      exit(2);                                                                             \
-    }                                                                                      \
-  } while (0)
 #define CHECK_CUDA(call)                                                                   \
   do {                                                                                     \
     int e_ = (call);                                                                       \
     if (e_ != 0) {                                                                         \
       fprintf(stderr, "rank %d: %s:%d: %s -> cuda error %d\n", g_rank, __FILE__, __LINE__, #call, e_); \
       exit(2);                                                                             \
-    }                                                                                      \
-  } while (0)
-#define EXPECT(cond, ...)                                                                  \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                        \
-      fprintf(stderr, "\n");                                                               \
-      g_failures++;                                                                        \
     }                                                                                      \
   } while (0)
 
@@ -67,31 +48,6 @@ static void bind_runtime(void* h) {
   BIND(cudaStreamCreate) BIND(cudaPointerGetAttributes) BIND(fake_cudart_counts)
 #undef BIND
 }
-
-static void write_id(const char* path, const ncclUniqueId* id) {
-  char tmp[4096];
-  snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-  FILE* f = fopen(tmp, "wb");
-  if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0) {
-    perror("write unique id");
-    exit(2);
-  }
-}
-static void read_id(const char* path, ncclUniqueId* id) {
-  for (int i = 0; i < 3000; i++) {
-    FILE* f = fopen(path, "rb");
-    if (f) {
-      size_t n = fread(id, sizeof(*id), 1, f);
-      fclose(f);
-      if (n == 1) return;
-    }
-    usleep(10000);
-  }
-  fprintf(stderr, "rank %d: no unique id in %s\n", g_rank, path);
-  exit(2);
-}
-
-static float val(int r, size_t i) { return (float)((r + 1) * 100 + (int)(i % 97)); }
 
 static int attr_type(const void* p) {
   struct { int type; int device; void* dp; void* hp; char pad[64]; } a;
