@@ -174,6 +174,31 @@ class NetnsCoordinator:
                 self.proc.wait(timeout=10)
 
 
+def _outputs(procs: list, timeout_s: float, kill_group: bool = False) -> list[str]:
+    """Wait for every process (at most ``timeout_s`` each) and return their outputs; one that
+    overruns is killed (its whole session with ``kill_group``) and its output says so."""
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=timeout_s)[0])
+        except subprocess.TimeoutExpired:
+            if kill_group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            outputs.append(proc.communicate()[0] + "\n(timed out)")
+    return outputs
+
+
+def _shutdown_from(ns: str, address: str, token, shim_library: str, coordinator) -> None:
+    """`coordinator --shutdown` run on host `ns`: the coordinator writes its reports and exits 0."""
+    stop = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "fakegpu", "coordinator",
+                           "--shutdown", address, "--token-file", str(token)],
+                          env=_env(shim_library), capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert coordinator.wait(60) == 0, coordinator.output()
+
+
 def _node_pair(report: dict, a: str, b: str) -> dict:
     """The report's node_pairs entry for nodes a and b."""
     for pair in report["node_pairs"]:
@@ -204,24 +229,14 @@ def test_two_hosts_allreduce_over_tcp(two_hosts, shim_library, tmp_path):
                  sys.executable, str(tmp_path / "rank.py")],
                 env=_env(shim_library, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", OUT_DIR=str(tmp_path / "out")),
                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = []
-        for proc in ranks:
-            try:
-                outputs.append(proc.communicate(timeout=180)[0])
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                outputs.append(proc.communicate()[0] + "\n(timed out)")
+        outputs = _outputs(ranks, 180)
         for rank, proc in enumerate(ranks):
             assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank]}\n--- coordinator ---\n{coordinator.output()}"
             result = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())
             assert result["exact"] and result["addr"] == address
 
         # Host B stops the coordinator on host A; the coordinator writes the reports and exits.
-        stop = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "fakegpu", "coordinator",
-                               "--shutdown", address, "--token-file", str(token)],
-                              env=_env(shim_library), capture_output=True, text=True, timeout=60)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert coordinator.wait(60) == 0, coordinator.output()
+        _shutdown_from(ns_b, address, token, shim_library, coordinator)
     finally:
         coordinator.stop()
 
@@ -334,20 +349,10 @@ def test_usage_doc_two_host_bandwidth(two_hosts, shim_library, tmp_path):
                  "--token-file", str(token), "--world-size", "2", "--ranks", str(rank), "--session", "netns-test",
                  "--size", "1MiB", "--warmup", "1", "--iterations", "3", "--json", str(tmp_path / f"bw{rank}.json")],
                 env=_env(shim_library), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = []
-        for proc in hosts:
-            try:
-                outputs.append(proc.communicate(timeout=240)[0])
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                outputs.append(proc.communicate()[0] + "\n(timed out)")
+        outputs = _outputs(hosts, 240)
         for rank, proc in enumerate(hosts):
             assert proc.returncode == 0, f"host {rank}:\n{outputs[rank]}\n--- coordinator ---\n{coordinator.output()}"
-        stop = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "fakegpu", "coordinator",
-                               "--shutdown", address, "--token-file", str(token)],
-                              env=_env(shim_library), capture_output=True, text=True, timeout=60)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert coordinator.wait(60) == 0, coordinator.output()
+        _shutdown_from(ns_b, address, token, shim_library, coordinator)
     finally:
         coordinator.stop()
     for rank in range(2):
@@ -400,20 +405,10 @@ def test_usage_doc_two_host_torchrun(two_hosts, shim_library, tmp_path):
                  "--max-restarts", "0", "train.py"],
                 env=_env(shim_library, OUT_DIR=str(tmp_path / "out")), cwd=tmp_path,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        outputs = []
-        for proc in hosts:
-            try:
-                outputs.append(proc.communicate(timeout=300)[0])
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                outputs.append(proc.communicate()[0] + "\n(timed out)")
+        outputs = _outputs(hosts, 300, kill_group=True)
         for node_rank, proc in enumerate(hosts):
             assert proc.returncode == 0, f"host {node_rank}:\n{outputs[node_rank][-4000:]}"
-        stop = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-m", "fakegpu", "coordinator",
-                               "--shutdown", address, "--token-file", str(token)],
-                              env=_env(shim_library), capture_output=True, text=True, timeout=60)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert coordinator.wait(60) == 0, coordinator.output()
+        _shutdown_from(ns_a, address, token, shim_library, coordinator)
     finally:
         coordinator.stop()
     for rank in range(2):
