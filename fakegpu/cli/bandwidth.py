@@ -35,6 +35,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from fakegpu.processes import wait_all
+
 # --------------------------------------------------------------------------------------------
 # Operations and their nccl-tests conventions
 # --------------------------------------------------------------------------------------------
@@ -730,7 +732,7 @@ def _run_rank_processes(args, plan: Plan, token_file: Optional[Path], workdir: P
         procs.append((rank, subprocess.Popen(cmd, env=_rank_env(plan, rank, token_file),
                                              stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT), log, result))
-    timed_out = not _wait_all([proc for _, proc, _, _ in procs], args.timeout)
+    timed_out = not wait_all([proc for _, proc, _, _ in procs], args.timeout, grace_s=15.0)
     failures = []
     for rank, proc, log, _ in procs:
         log.seek(0)
@@ -745,29 +747,6 @@ def _run_rank_processes(args, plan: Plan, token_file: Optional[Path], workdir: P
     if failures:
         raise BandwidthError("\n".join(failures))
     return json.loads(procs[0][3].read_text())
-
-
-def _wait_all(procs: list, timeout_s: float, grace_s: float = 15.0) -> bool:
-    """Wait for every rank; False on timeout.  Once one rank fails the others get ``grace_s``
-    to fail too (their collectives report the lost peer) before they are killed."""
-    deadline = time.monotonic() + timeout_s
-    failed_early = False
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return True
-            if any(c not in (None, 0) for c in codes) and not failed_early:
-                failed_early = True
-                deadline = min(deadline, time.monotonic() + grace_s)
-            if time.monotonic() > deadline:
-                return failed_early
-            time.sleep(0.02)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 def _worker_main(args: argparse.Namespace) -> int:

@@ -6,10 +6,11 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from fakegpu.processes import wait_all
 
 from .coordinator import CoordinatorProcess
 from .shim import REPO_ROOT
@@ -93,29 +94,6 @@ def run_ranks(nranks: int, scenarios: Sequence[Scenario], coordinator: Coordinat
         path.unlink()
     run_dir.rmdir()
     return RankRun(list(scenarios), outcomes, texts)
-
-
-def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float,
-             grace_s: float = 10.0) -> bool:
-    """Wait for every process; False on timeout.  When one fails, the others get ``grace_s``
-    to notice (their own calls fail with a peer error) and are then killed, so a crashed
-    rank costs seconds, not the whole timeout.  Nothing is left running on return."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return True
-            if any(c not in (None, 0) for c in codes):
-                deadline = min(deadline, time.monotonic() + grace_s)
-            if time.monotonic() > deadline:
-                return any(c not in (None, 0) for c in codes)  # a failure, not a timeout
-            time.sleep(0.02)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 def _tail(text: str, lines: int = 25) -> str:
