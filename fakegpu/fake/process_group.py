@@ -14,7 +14,9 @@ The store never waits for absent ranks: nothing is read from it in pure fake mod
 """
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from datetime import timedelta
 from typing import Optional, Sequence
 
@@ -218,6 +220,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                 prefix = f"fakegpu_real/{'_'.join(map(str, members))}/{generation}/"
                 self._real = _real_transport(dist.PrefixStore(prefix, store), self.rank(), self.size(),
                                              self._timeout, self.comm_name)
+                _groups_with_real_transport.add(self)
         return self._real
 
     # -- accounting -------------------------------------------------------------------------------
@@ -545,11 +548,20 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
 
     # -- life cycle -------------------------------------------------------------------------------
     def shutdown(self) -> None:
+        # Shut the real gloo group down now, while the interpreter is whole: left to the
+        # garbage collector at exit, its worker threads can be destroyed still joinable
+        # and the process aborts ("terminate called without an active exception").
+        self._shut_real_transport()
         if self._is_default():
             self._world.finish()
 
     def abort(self) -> None:
         self.shutdown()
+
+    def _shut_real_transport(self) -> None:
+        real, self._real = self._real, None
+        if real is not None:
+            real.shutdown()
 
     def _is_default(self) -> bool:
         return self.size() == self._world.contract.world_size and self.members == tuple(range(self.size()))
@@ -562,6 +574,15 @@ def _real_transport(store, rank: int, size: int, timeout, name: str):
 
 
 _exchange = semantics.PeerExchange()
+_groups_with_real_transport: "weakref.WeakSet[FakeWorldProcessGroup]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_real_transports_at_exit() -> None:
+    """A script that never calls destroy_process_group still gets its gloo groups shut
+    down before interpreter teardown (see FakeWorldProcessGroup.shutdown)."""
+    for group in list(_groups_with_real_transport):
+        group._shut_real_transport()
 _real_generations: dict[tuple[int, ...], int] = {}
 
 
