@@ -42,11 +42,14 @@ COMM_INFO = 11
 COMM_SPLIT = 12
 COMM_FREE = 13
 COMM_SHRINK = 14
+ARENA = 15
+ARENA_INFO = 16
 GROUP = 20
 GROUP_DONE = 21
 SIMULATE = 22
 SIMULATE_DONE = 23
 ACCOUNT = 24
+LOCAL_OPS = 25
 PING = 30
 PONG = 31
 SHUTDOWN = 32
@@ -54,16 +57,21 @@ SHUTDOWN = 32
 MESSAGE_NAMES = {
     HELLO: "HELLO", HELLO_OK: "HELLO_OK", ERROR: "ERROR", OK: "OK",
     COMM_INIT: "COMM_INIT", COMM_INFO: "COMM_INFO", COMM_SPLIT: "COMM_SPLIT",
-    COMM_FREE: "COMM_FREE", COMM_SHRINK: "COMM_SHRINK", GROUP: "GROUP", GROUP_DONE: "GROUP_DONE",
-    SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE", ACCOUNT: "ACCOUNT", PING: "PING", PONG: "PONG",
-    SHUTDOWN: "SHUTDOWN",
+    COMM_FREE: "COMM_FREE", COMM_SHRINK: "COMM_SHRINK", ARENA: "ARENA", ARENA_INFO: "ARENA_INFO",
+    GROUP: "GROUP", GROUP_DONE: "GROUP_DONE", SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE",
+    ACCOUNT: "ACCOUNT", LOCAL_OPS: "LOCAL_OPS", PING: "PING", PONG: "PONG", SHUTDOWN: "SHUTDOWN",
 }
-CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, GROUP, SIMULATE, ACCOUNT, PING,
-                              SHUTDOWN})
-SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
+CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, ARENA, GROUP, SIMULATE, ACCOUNT,
+                              LOCAL_OPS, PING, SHUTDOWN})
+SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, ARENA_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
+# Requests that are never answered (the client sends no request_id worth waiting on).
+UNANSWERED = frozenset({LOCAL_OPS})
 
 # HELLO / HELLO_OK flags.
 HELLO_FLAG_SHM = 1
+# Host-local collectives: HELLO = the client can run them in an arena; HELLO_OK = the coordinator
+# answers ARENA (only ever set together with HELLO_FLAG_SHM).
+HELLO_FLAG_LOCAL = 2
 # GROUP flags.
 GROUP_FLAG_PARTIAL = 1
 # OpDesc flags.
@@ -121,7 +129,9 @@ FREE_ABORT = 1
 FREE_FINALIZE = 2
 
 
-_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE, ACCOUNT})
+_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE, ACCOUNT, LOCAL_OPS})
+# Kinds a host-local arena runs (single-call collectives); LOCAL_OPS may report only these.
+LOCAL_KINDS = frozenset({KIND_ALLREDUCE, KIND_BROADCAST, KIND_REDUCE, KIND_ALLGATHER, KIND_REDUCESCATTER})
 
 
 class ProtocolError(Exception):
@@ -294,6 +304,44 @@ class Account:
 
 
 @dataclass(frozen=True)
+class ArenaRequest:
+    """ARENA: the shared-memory arena of the communicator the member handle belongs to."""
+    TYPE: ClassVar[int] = ARENA
+    comm_handle: int
+
+
+@dataclass(frozen=True)
+class ArenaInfo:
+    """ARENA_INFO: ``granted`` 1 with the arena file's path and geometry, or 0 with ``reason``."""
+    TYPE: ClassVar[int] = ARENA_INFO
+    granted: int
+    rank: int
+    slot_bytes: int = 0
+    total_bytes: int = 0
+    path: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LocalOpRecord:
+    """One call run in an arena as comm rank 0 saw it; ``arrival_wait_s`` in comm rank order."""
+    desc: OpDesc
+    started_at: float
+    rendezvous_s: float
+    execution_s: float
+    arrival_wait_s: tuple = ()
+
+
+@dataclass(frozen=True)
+class LocalOps:
+    """LOCAL_OPS: comm rank 0's batch of arena calls, for the reports. Never answered."""
+    TYPE: ClassVar[int] = LOCAL_OPS
+    comm_handle: int
+    nranks: int
+    records: tuple = ()
+
+
+@dataclass(frozen=True)
 class SimulateDone:
     TYPE: ClassVar[int] = SIMULATE_DONE
     estimated_time_us: float
@@ -317,7 +365,8 @@ class Shutdown:
 
 
 Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommShrink, CommFree, Group,
-                GroupDone, Simulate, SimulateDone, Account, Ping, Pong, Shutdown]
+                GroupDone, Simulate, SimulateDone, Account, Ping, Pong, Shutdown, ArenaRequest, ArenaInfo,
+                LocalOps]
 
 # --------------------------------------------------------------------------- encoding
 
@@ -333,6 +382,12 @@ _COMM_FREE = struct.Struct("<QI")
 _COMM_SHRINK_FIXED = struct.Struct("<QII")
 _GROUP_PREFIX = struct.Struct("<II")
 _F64 = struct.Struct("<d")
+_U64 = struct.Struct("<Q")
+_ARENA_INFO_FIXED = struct.Struct("<IIQQ")
+_LOCAL_OPS_FIXED = struct.Struct("<QII")
+_LOCAL_TIMES = struct.Struct("<ddd")
+# Fixed part of one LOCAL_OPS record: the OpDesc and three f64 times (the waits follow).
+LOCAL_RECORD_FIXED = OPDESC_SIZE + _LOCAL_TIMES.size
 
 
 def _pack(st: struct.Struct, what: str, *values) -> bytes:
@@ -403,6 +458,23 @@ def encode_body(msg: Message) -> bytes:
                 + b"".join(op.pack() for op in msg.ops))
     if t == SIMULATE_DONE:
         return _pack(_F64, "SIMULATE_DONE", msg.estimated_time_us)
+    if t == ARENA:
+        return _pack(_U64, "ARENA", msg.comm_handle)
+    if t == ARENA_INFO:
+        return (_pack(_ARENA_INFO_FIXED, "ARENA_INFO", msg.granted, msg.rank, msg.slot_bytes, msg.total_bytes)
+                + encode_str(msg.path) + encode_str(msg.reason, truncate=True))
+    if t == LOCAL_OPS:
+        records = tuple(msg.records)
+        parts = [_pack(_LOCAL_OPS_FIXED, "LOCAL_OPS", msg.comm_handle, len(records), msg.nranks)]
+        waits = struct.Struct(f"<{msg.nranks}d")
+        for i, rec in enumerate(records):
+            if len(rec.arrival_wait_s) != msg.nranks:
+                raise ProtocolError(f"LOCAL_OPS record {i} has {len(rec.arrival_wait_s)} arrival waits, "
+                                    f"nranks is {msg.nranks}")
+            parts.append(rec.desc.pack())
+            parts.append(_pack(_LOCAL_TIMES, "LOCAL_OPS times", rec.started_at, rec.rendezvous_s, rec.execution_s))
+            parts.append(_pack(waits, "LOCAL_OPS arrival_wait_s", *rec.arrival_wait_s))
+        return b"".join(parts)
     if t == PONG:
         return encode_str(msg.description, truncate=True)
     if t == SHUTDOWN:
@@ -471,6 +543,24 @@ def decode_ops(r: _Reader, n_ops: int) -> tuple:
     return ops
 
 
+def decode_local_ops(r: _Reader) -> "LocalOps":
+    handle, n_records, nranks = r.unpack(_LOCAL_OPS_FIXED, "comm_handle/n_records/nranks")
+    record_len = LOCAL_RECORD_FIXED + 8 * nranks
+    # Check the declared size before building anything (a hostile count must fail fast).
+    r.need(n_records * record_len, f"{n_records} records of {nranks} ranks")
+    waits = struct.Struct(f"<{nranks}d")
+    records = []
+    buf, pos = r.buf, r.pos
+    for _ in range(n_records):
+        desc = OpDesc.unpack_from(buf, pos)
+        started, rendezvous, execution = _LOCAL_TIMES.unpack_from(buf, pos + OPDESC_SIZE)
+        records.append(LocalOpRecord(desc, started, rendezvous, execution,
+                                     waits.unpack_from(buf, pos + LOCAL_RECORD_FIXED)))
+        pos += record_len
+    r.pos = pos
+    return LocalOps(handle, nranks, tuple(records))
+
+
 def decode_body(msg_type: int, body) -> Message:
     """Decode one frame body. Raises ProtocolError naming the problem."""
     name = MESSAGE_NAMES.get(msg_type)
@@ -527,6 +617,14 @@ def decode_body(msg_type: int, body) -> Message:
     elif msg_type == SIMULATE_DONE:
         (t,) = r.unpack(_F64, "estimated_time_us")
         msg = SimulateDone(t)
+    elif msg_type == ARENA:
+        (handle,) = r.unpack(_U64, "comm_handle")
+        msg = ArenaRequest(handle)
+    elif msg_type == ARENA_INFO:
+        granted, rank, slot, total = r.unpack(_ARENA_INFO_FIXED, "fixed fields")
+        msg = ArenaInfo(granted, rank, slot, total, r.str("path"), r.str("reason"))
+    elif msg_type == LOCAL_OPS:
+        msg = decode_local_ops(r)
     elif msg_type == PONG:
         msg = Pong(r.str("description"))
     elif msg_type == SHUTDOWN:
@@ -612,6 +710,8 @@ class FrameParser:
         limit = self.max_body_len if msg_type in _LARGE_TYPES else min(self.max_body_len, MAX_SMALL_BODY)
         if msg_type == SIMULATE or msg_type == ACCOUNT:
             limit = min(limit, MAX_DESCRIPTOR_BYTES + 8)
+        elif msg_type == LOCAL_OPS:
+            limit = min(limit, MAX_DESCRIPTOR_BYTES + _LOCAL_OPS_FIXED.size)
         if body_len > limit:
             raise ProtocolError(
                 f"{MESSAGE_NAMES[msg_type]} body_len {body_len} exceeds the limit of {limit} bytes")

@@ -105,6 +105,29 @@ def _vector_messages():
         ("simulate_done", 14, P.SimulateDone(estimated_time_us=1234.5)),
         ("account", 20, P.Account(ops=tuple(dataclasses.replace(op, in_offset=0, in_len=0, out_offset=0, out_len=0)
                                             for op in (many_ops[0], many_ops[7], many_ops[8])), flags=0)),
+        ("hello_local", 21, P.Hello(flags=P.HELLO_FLAG_SHM | P.HELLO_FLAG_LOCAL, global_rank=0, local_rank=0,
+                                    world_size=4, pid=777, staging_bytes=32 << 20, token="",
+                                    shm_name="/fakegpu-777-1", hostname="node-a")),
+        ("hello_ok_local", 21, P.HelloOk(client_id=3, flags=P.HELLO_FLAG_SHM | P.HELLO_FLAG_LOCAL,
+                                         staging_bytes=32 << 20, timeout_ms=600000)),
+        ("arena", 22, P.ArenaRequest(comm_handle=0x100000002)),
+        ("arena_info_granted", 22, P.ArenaInfo(granted=1, rank=2, slot_bytes=4 << 20,
+                                               total_bytes=8192 + 2 * 5 * (4 << 20),
+                                               path="/dev/shm/fakegpu-arena-4242-1-0a1b2c3d", reason="")),
+        ("arena_info_refused", 23, P.ArenaInfo(granted=0, rank=1, slot_bytes=0, total_bytes=0, path="",
+                                               reason="a fault plan is loaded")),
+        ("local_ops", 0, P.LocalOps(comm_handle=0x100000002, nranks=3, records=(
+            P.LocalOpRecord(desc=dataclasses.replace(many_ops[0], comm_handle=0x100000002, total_count=4,
+                                                     step_count=4, in_len=16, out_len=16),
+                            started_at=1700000000.25, rendezvous_s=0.000125, execution_s=3.0517578125e-05,
+                            arrival_wait_s=(0.000125, 0.0, 6.103515625e-05)),
+            P.LocalOpRecord(desc=P.OpDesc(comm_handle=0x100000002, kind=P.KIND_BROADCAST, datatype=9,
+                                          flags=P.OP_FLAG_IN_PLACE | 6, root=1, total_count=5, step_count=5,
+                                          in_len=0, out_len=10, call_seq=2),
+                            started_at=1700000000.5, rendezvous_s=1.5, execution_s=0.0,
+                            arrival_wait_s=(0.0, 1.5, 0.75)),
+        ))),
+        ("local_ops_empty", 0, P.LocalOps(comm_handle=7, nranks=2, records=())),
         ("ping", 15, P.Ping()),
         ("pong", 15, P.Pong(description='{"version":"0.1.0","pid":1,"transport":"unix","clients":0}')),
         ("shutdown", 16, P.Shutdown(token="s3cret")),
@@ -115,7 +138,7 @@ def _vector_messages():
 def _jsonable(value):
     if isinstance(value, (bytes, bytearray)):
         return value.hex()
-    if isinstance(value, P.OpDesc):
+    if isinstance(value, (P.OpDesc, P.LocalOpRecord)):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
@@ -128,6 +151,9 @@ def _fields(msg) -> dict:
         out = {"n_ops": len(msg.ops), **out}
     if isinstance(msg, P.GroupDone):
         out = {"n_ops": len(msg.results), **out}
+    if isinstance(msg, P.LocalOps):
+        out = {"comm_handle": msg.comm_handle, "n_records": len(msg.records), "nranks": msg.nranks,
+               "records": out["records"]}
     if isinstance(msg, P.CommInfo):
         out = {"comm_handle": msg.comm_handle, "rank": msg.rank, "nranks": msg.nranks,
                "global_ranks": list(msg.global_ranks)}
@@ -158,12 +184,18 @@ def _message_from_fields(msg_type: int, fields: dict):
         f["results"] = tuple(f["results"])
     if msg_type == P.COMM_SHRINK:
         f["excluded"] = tuple(f["excluded"])
+    if msg_type == P.LOCAL_OPS:
+        f.pop("n_records")
+        f["records"] = tuple(
+            P.LocalOpRecord(**{**rec, "desc": P.OpDesc(**{**rec["desc"], "scalar": bytes.fromhex(rec["desc"]["scalar"])}),
+                               "arrival_wait_s": tuple(rec["arrival_wait_s"])})
+            for rec in f["records"])
     if msg_type == P.COMM_INFO:
         f.pop("nranks")
         f["global_ranks"] = tuple(f["global_ranks"])
     cls = {c.TYPE: c for c in (P.Hello, P.HelloOk, P.Error, P.Ok, P.CommInit, P.CommInfo, P.CommSplit, P.CommShrink,
                                P.CommFree, P.Group, P.GroupDone, P.Simulate, P.SimulateDone, P.Account, P.Ping,
-                               P.Pong, P.Shutdown)}[msg_type]
+                               P.Pong, P.Shutdown, P.ArenaRequest, P.ArenaInfo, P.LocalOps)}[msg_type]
     return cls(**f)
 
 

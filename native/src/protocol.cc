@@ -13,11 +13,14 @@ const char* type_name(uint16_t type) {
     case kCommSplit: return "COMM_SPLIT";
     case kCommFree: return "COMM_FREE";
     case kCommShrink: return "COMM_SHRINK";
+    case kArena: return "ARENA";
+    case kArenaInfo: return "ARENA_INFO";
     case kGroup: return "GROUP";
     case kGroupDone: return "GROUP_DONE";
     case kSimulate: return "SIMULATE";
     case kSimulateDone: return "SIMULATE_DONE";
     case kAccount: return "ACCOUNT";
+    case kLocalOps: return "LOCAL_OPS";
     case kPing: return "PING";
     case kPong: return "PONG";
     case kShutdown: return "SHUTDOWN";
@@ -153,6 +156,29 @@ void encode(Writer& w, const GroupDone& m) {
 void encode(Writer& w, const SimulateDone& m) { w.f64(m.estimated_time_us); }
 void encode(Writer& w, const Pong& m) { w.str(m.description); }
 void encode(Writer& w, const Shutdown& m) { w.str(m.token); }
+void encode(Writer& w, const ArenaRequest& m) { w.u64(m.comm_handle); }
+void encode(Writer& w, const ArenaInfo& m) {
+  w.u32(m.granted);
+  w.u32(m.rank);
+  w.u64(m.slot_bytes);
+  w.u64(m.total_bytes);
+  w.str(m.path);
+  w.str(m.reason);
+}
+void encode(Writer& w, const LocalOps& m) {
+  w.u64(m.comm_handle);
+  w.u32(static_cast<uint32_t>(m.records.size()));
+  w.u32(m.nranks);
+  uint8_t desc[kOpDescSize];
+  for (const LocalOpRecord& rec : m.records) {
+    encode_opdesc(desc, rec.desc);
+    w.raw(desc, kOpDescSize);
+    w.f64(rec.started_at);
+    w.f64(rec.rendezvous_s);
+    w.f64(rec.execution_s);
+    for (uint32_t i = 0; i < m.nranks; i++) w.f64(i < rec.arrival_wait_s.size() ? rec.arrival_wait_s[i] : 0.0);
+  }
+}
 
 void encode_opdesc(uint8_t* o, const OpDesc& d) {
   memcpy(o + 0, &d.comm_handle, 8);
@@ -219,6 +245,32 @@ bool decode(Reader& r, GroupDone* m) {
 bool decode(Reader& r, SimulateDone* m) { return r.f64(&m->estimated_time_us); }
 bool decode(Reader& r, Pong* m) { return r.str(&m->description); }
 bool decode(Reader& r, Shutdown* m) { return r.str(&m->token); }
+bool decode(Reader& r, ArenaRequest* m) { return r.u64(&m->comm_handle); }
+bool decode(Reader& r, ArenaInfo* m) {
+  return r.u32(&m->granted) && r.u32(&m->rank) && r.u64(&m->slot_bytes) && r.u64(&m->total_bytes) &&
+         r.str(&m->path) && r.str(&m->reason);
+}
+bool decode(Reader& r, LocalOps* m) {
+  uint32_t n;
+  if (!(r.u64(&m->comm_handle) && r.u32(&n) && r.u32(&m->nranks))) return false;
+  // Check the declared sizes against the body before allocating anything.
+  // (Divisions, not products: a hostile nranks or n must not overflow the check.)
+  if (n != 0) {
+    if (m->nranks > r.remaining() / 8) return false;
+    const uint64_t record_bytes = kOpDescSize + 24 + 8ull * m->nranks;
+    if (n > r.remaining() / record_bytes) return false;
+  }
+  m->records.resize(n);
+  for (LocalOpRecord& rec : m->records) {
+    if (!(decode_opdesc(r, &rec.desc) && r.f64(&rec.started_at) && r.f64(&rec.rendezvous_s) &&
+          r.f64(&rec.execution_s)))
+      return false;
+    rec.arrival_wait_s.resize(m->nranks);
+    for (double& x : rec.arrival_wait_s)
+      if (!r.f64(&x)) return false;
+  }
+  return true;
+}
 
 bool decode_opdesc(Reader& r, OpDesc* d) {
   return r.u64(&d->comm_handle) && r.u8(&d->kind) && r.u8(&d->datatype) && r.u8(&d->redop) &&

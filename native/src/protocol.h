@@ -27,11 +27,14 @@ enum MsgType : uint16_t {
   kCommSplit = 12,
   kCommFree = 13,
   kCommShrink = 14,
+  kArena = 15,      // host-local collectives: ask for the comm's shared-memory arena -> ARENA_INFO
+  kArenaInfo = 16,
   kGroup = 20,
   kGroupDone = 21,
   kSimulate = 22,
   kSimulateDone = 23,
   kAccount = 24,  // proxy mode: OpDescs of forwarded calls, matched and accounted; answered by GROUP_DONE
+  kLocalOps = 25,  // comm rank 0 reports calls run in an arena; never answered
   kPing = 30,
   kPong = 31,
   kShutdown = 32,
@@ -53,6 +56,8 @@ constexpr uint8_t kOpLastStep = 1u << 2;
 constexpr uint32_t kGroupPartial = 1u << 0;
 // HELLO.flags / HELLO_OK.flags bits.
 constexpr uint32_t kHelloShm = 1u << 0;
+// The client can run host-local collectives in an arena (HELLO); the coordinator answers ARENA (HELLO_OK).
+constexpr uint32_t kHelloLocal = 1u << 1;
 
 // COMM_FREE.how
 enum FreeHow : uint32_t { kFreeDestroy = 0, kFreeAbort = 1, kFreeFinalize = 2 };
@@ -190,6 +195,28 @@ struct Pong {
 struct Shutdown {
   std::string token;
 };
+// ARENA: the shared-memory arena of the communicator this member handle belongs to.
+struct ArenaRequest {
+  uint64_t comm_handle = 0;
+};
+// ARENA_INFO: granted 1 with the file's path and geometry, or 0 with the reason in `reason`.
+struct ArenaInfo {
+  uint32_t granted = 0, rank = 0;
+  uint64_t slot_bytes = 0, total_bytes = 0;
+  std::string path, reason;
+};
+// One call run in an arena, as comm rank 0 saw it. arrival_wait_s is in comm rank order.
+struct LocalOpRecord {
+  OpDesc desc;
+  double started_at = 0, rendezvous_s = 0, execution_s = 0;
+  std::vector<double> arrival_wait_s;
+};
+// LOCAL_OPS body: every record carries exactly `nranks` arrival waits.
+struct LocalOps {
+  uint64_t comm_handle = 0;
+  uint32_t nranks = 0;
+  std::vector<LocalOpRecord> records;
+};
 
 void encode(Writer& w, const Hello& m);
 void encode(Writer& w, const HelloOk& m);
@@ -204,6 +231,10 @@ void encode(Writer& w, const GroupDone& m);
 void encode(Writer& w, const SimulateDone& m);
 void encode(Writer& w, const Pong& m);
 void encode(Writer& w, const Shutdown& m);
+void encode(Writer& w, const ArenaRequest& m);
+void encode(Writer& w, const ArenaInfo& m);
+// Writes nranks waits per record (missing ones as 0, extra ones dropped) so the body is always well formed.
+void encode(Writer& w, const LocalOps& m);
 // Writes exactly kOpDescSize bytes at `out` (hot path: no vector growth).
 void encode_opdesc(uint8_t* out, const OpDesc& d);
 
@@ -220,6 +251,9 @@ bool decode(Reader& r, GroupDone* m);  // reads n_ops, results, message
 bool decode(Reader& r, SimulateDone* m);
 bool decode(Reader& r, Pong* m);
 bool decode(Reader& r, Shutdown* m);
+bool decode(Reader& r, ArenaRequest* m);
+bool decode(Reader& r, ArenaInfo* m);
+bool decode(Reader& r, LocalOps* m);  // false when the declared counts exceed the body
 bool decode_opdesc(Reader& r, OpDesc* d);
 
 }  // namespace fakegpu::proto

@@ -338,6 +338,53 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       decoded = decode(r, &d) && d.token == m.token;
       break;
     }
+    case kArena: {
+      ArenaRequest m{f["comm_handle"].u()};
+      encode(w, m);
+      ArenaRequest d;
+      decoded = decode(r, &d) && d.comm_handle == m.comm_handle;
+      break;
+    }
+    case kArenaInfo: {
+      ArenaInfo m;
+      m.granted = (uint32_t)f["granted"].u(); m.rank = (uint32_t)f["rank"].u();
+      m.slot_bytes = f["slot_bytes"].u(); m.total_bytes = f["total_bytes"].u();
+      m.path = f["path"].text; m.reason = f["reason"].text;
+      encode(w, m);
+      ArenaInfo d;
+      decoded = decode(r, &d) && d.granted == m.granted && d.rank == m.rank && d.slot_bytes == m.slot_bytes &&
+                d.total_bytes == m.total_bytes && d.path == m.path && d.reason == m.reason;
+      break;
+    }
+    case kLocalOps: {
+      LocalOps m;
+      m.comm_handle = f["comm_handle"].u(); m.nranks = (uint32_t)f["nranks"].u();
+      for (const Json& j : f["records"].arr) {
+        LocalOpRecord rec;
+        rec.desc = op_from(j["desc"]);
+        rec.started_at = j["started_at"].d(); rec.rendezvous_s = j["rendezvous_s"].d();
+        rec.execution_s = j["execution_s"].d();
+        for (const Json& x : j["arrival_wait_s"].arr) rec.arrival_wait_s.push_back(x.d());
+        m.records.push_back(rec);
+      }
+      encode(w, m);
+      LocalOps d;
+      decoded = decode(r, &d) && r.remaining() == 0 && d.comm_handle == m.comm_handle && d.nranks == m.nranks &&
+                d.records.size() == m.records.size() && m.records.size() == f["n_records"].u();
+      for (size_t k = 0; decoded && k < m.records.size(); k++) {
+        const LocalOpRecord &a = d.records[k], &b = m.records[k];
+        decoded = same_op(a.desc, b.desc) && a.started_at == b.started_at && a.rendezvous_s == b.rendezvous_s &&
+                  a.execution_s == b.execution_s && a.arrival_wait_s == b.arrival_wait_s;
+      }
+      // A body that declares more records (or ranks) than it holds must not decode.
+      if (!body.empty()) {
+        std::vector<uint8_t> cut(body.begin(), body.end() - 1);
+        Reader rc(cut.data(), cut.size());
+        LocalOps x;
+        EXPECT(m.records.empty() || !decode(rc, &x), "a truncated LOCAL_OPS decodes");
+      }
+      break;
+    }
     default:
       return false;
   }
