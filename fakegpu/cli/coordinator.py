@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the reports every SECONDS while running")
     p.add_argument("--timeout-ms", metavar="MS",
                    help="rendezvous/operation timeout (FAKEGPU_COORDINATOR_TIMEOUT_MS, default 600000)")
+    p.add_argument("--local-slot-bytes", metavar="SIZE",
+                   help="slot size of host-local collective arenas (FAKEGPU_LOCAL_SLOT_BYTES; default "
+                        "min(4 MiB, 128 MiB / (nranks + 1)))")
     p.add_argument("--max-staging-bytes", metavar="SIZE", default="256MiB",
                    help="largest staging region granted to a client (default 256MiB)")
     auth = p.add_mutually_exclusive_group()
@@ -151,7 +154,8 @@ def _serve(ns, env) -> int:
         metadata=reporting.metadata(transport, address, cluster_config), world_size_hint=world_hint)
     core = Core(token=token, timeout_ms=timeout_ms, recorder=recorder, transport=transport,
                 max_staging_bytes=parse_size(ns.max_staging_bytes, "--max-staging-bytes"),
-                cost_fn=reporting.make_cost_fn(topology), topology=topology, defer_records=True)
+                cost_fn=reporting.make_cost_fn(topology), topology=topology, defer_records=True,
+                local_slot_bytes=parse_size(ns.local_slot_bytes, "--local-slot-bytes") if ns.local_slot_bytes else None)
     core_box.append(core)
     log = logging.getLogger("fakegpu.coordinator")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from fakegpu import protocol as P
+from fakegpu.coordinator import arena as A
 from fakegpu.coordinator.collectives import EXECUTORS
 from fakegpu.coordinator.collectives.numerics import DTYPES
 from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
@@ -56,6 +58,11 @@ _GROUP_PREFIX = struct.Struct("<II")
 _COMM_INFO_FIXED = struct.Struct("<Qii")
 _EMPTY_STR = b"\0\0"
 _DONE_ONE_OK = struct.pack("<Ii", 1, 0) + _EMPTY_STR
+_U64 = struct.Struct("<Q")
+_LOCAL_OPS_FIXED = struct.Struct("<QII")
+_LOCAL_TIMES = struct.Struct("<ddd")
+_ARENA_INFO_FIXED = struct.Struct("<IIQQ")
+_LOCAL_KINDS = P.LOCAL_KINDS
 
 _FIRST = P.OP_FLAG_FIRST_STEP
 _LAST = P.OP_FLAG_LAST_STEP
@@ -81,6 +88,19 @@ def default_staging_factory(hello, staging_bytes: int):
     return np.zeros(2 * staging_bytes, dtype=np.uint8), False
 
 
+def _env_local_collectives() -> bool:
+    """FAKEGPU_LOCAL_COLLECTIVES, read like the shim does: unset or empty = on."""
+    from fakegpu.env import parse_bool
+    text = os.environ.get("FAKEGPU_LOCAL_COLLECTIVES", "")
+    return not text.strip() or parse_bool(text, "FAKEGPU_LOCAL_COLLECTIVES")
+
+
+def _env_local_slot_bytes() -> Optional[int]:
+    from fakegpu.env import parse_size
+    text = os.environ.get("FAKEGPU_LOCAL_SLOT_BYTES", "")
+    return parse_size(text, "FAKEGPU_LOCAL_SLOT_BYTES") if text.strip() else None
+
+
 def logical_bytes(kind: int, count: int, size: int, n: int) -> int:
     """Payload size in the nccl-tests sense (REFERENCE.md section 4)."""
     if kind in (P.KIND_ALLGATHER, P.KIND_REDUCESCATTER, P.KIND_ALLTOALL, P.KIND_GATHER, P.KIND_SCATTER):
@@ -94,7 +114,9 @@ class Core:
                  max_staging_bytes: int = MAX_STAGING_BYTES, recorder=None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False,
-                 faults: Optional[FaultPlan] = None, max_events: int = 1000):
+                 faults: Optional[FaultPlan] = None, max_events: int = 1000,
+                 local_collectives: Optional[bool] = None, local_slot_bytes: Optional[int] = None,
+                 arena_factory: Optional[A.ArenaFactory] = None):
         self.token = token
         self.timeout_ms = int(timeout_ms)
         self.timeout_s = timeout_ms / 1000.0
@@ -130,6 +152,15 @@ class Core:
         self.dropped_events = 0
         if self.faults and hasattr(self.recorder, "faults_configured"):
             self.recorder.faults_configured(self.faults)
+        # Host-local collectives (arena.py, docs/protocol.md): None = from the environment.
+        self.local_collectives = _env_local_collectives() if local_collectives is None else bool(local_collectives)
+        self.local_slot_bytes = _env_local_slot_bytes() if local_slot_bytes is None else local_slot_bytes
+        if self.local_slot_bytes is not None and self.local_slot_bytes < A.MIN_SLOT_BYTES:
+            from fakegpu.env import ConfigError
+            raise ConfigError(f"local slot bytes {self.local_slot_bytes} (--local-slot-bytes / FAKEGPU_LOCAL_SLOT_BYTES) "
+                              f"is below the minimum of {A.MIN_SLOT_BYTES}")
+        self.arena_factory = arena_factory or A.create_arena
+        self.arenas: dict = {}    # comm id -> Arena, until every member is gone or close()
 
     # ------------------------------------------------------------------ entry points
 
@@ -164,6 +195,10 @@ class Core:
                 self._simulate(client, frame)
             elif t == P.ACCOUNT:
                 self._account(client, frame)
+            elif t == P.LOCAL_OPS:
+                self._local_ops(client, frame)
+            elif t == P.ARENA:
+                self._arena(client, frame)
             elif t == P.PING:
                 out.append((SEND, conn_id, self._pong(frame.request_id)))
             elif t == P.SHUTDOWN:
@@ -227,6 +262,11 @@ class Core:
                 self._expire_shrink(item)
         return self._out
 
+    def close(self) -> None:
+        """The coordinator is stopping: unlink every arena still there."""
+        for comm_id in list(self.arenas):
+            self._close_arena(comm_id)
+
     def max_body_len(self, conn_id: int) -> int:
         client = self.clients.get(conn_id)
         if client is None:
@@ -275,7 +315,13 @@ class Core:
         if self.recording:
             self.flush_records()
             self.recorder.client_connected(client.record)
-        body = struct.pack("<IIQI", conn_id, P.HELLO_FLAG_SHM if shm else 0, S, self.timeout_ms)
+        flags = 0
+        if shm:
+            flags = P.HELLO_FLAG_SHM
+            # bit1 only to a client that offered it (old clients never see it) and got shared memory.
+            if self.local_collectives and hello.flags & P.HELLO_FLAG_LOCAL:
+                flags |= P.HELLO_FLAG_LOCAL
+        body = struct.pack("<IIQI", conn_id, flags, S, self.timeout_ms)
         self._send(client, frame_bytes(P.HELLO_OK, frame.request_id, body))
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
@@ -559,8 +605,11 @@ class Core:
             for a in rdv.arrivals.values():
                 if a[0] is not member:
                     self._error(a[0].client, a[1], *rdv.failed)
+        if comm.arena is not None:
+            comm.arena.set_failed(rank)
         if all(m.gone is not None for m in comm.members):
             self.comms.pop(comm.id, None)
+            self._close_arena(comm.id)
 
     # ------------------------------------------------------------------ groups
 
@@ -710,6 +759,8 @@ class Core:
     def _submit_collective(self, step: Step, now: float) -> None:
         member = step.member
         comm = member.comm
+        if comm.arena is not None and not comm.arena.disabled and not step.group.accounted:
+            self._disable_arena(comm, step)
         seq = member.coll_seq
         member.coll_seq = seq + 1
         err, step.sig = validate(step.desc, member, member.client.S, step.group.accounted)
@@ -1030,6 +1081,146 @@ class Core:
             if not client.closed and client.groups.get(group.request_id) is group:
                 self._submit_group(client, group, descs)
 
+    # ------------------------------------------------------------------ host-local collectives
+
+    def _arena_refusal(self, comm: Comm) -> Optional[str]:
+        """Why this communicator cannot have an arena, or None. Only communicator-level facts,
+        so every member gets the same answer."""
+        if not self.local_collectives:
+            return "local collectives are switched off on the coordinator (FAKEGPU_LOCAL_COLLECTIVES=0)"
+        if comm.nranks < 2:
+            return f"the communicator has {comm.nranks} rank; local collectives need at least 2"
+        if self.faults:
+            return "a fault plan is loaded (FAKEGPU_FAULTS or the cluster config's faults); every call goes " \
+                   "through the coordinator so the faults can hit it"
+        if comm.gone_ranks:
+            return f"rank {next(iter(comm.gone_ranks))} of the communicator is gone"
+        seen: dict = {}
+        for m in comm.members:
+            c = m.client
+            if not c.hello.flags & P.HELLO_FLAG_LOCAL:
+                return f"rank {m.rank} ({c.describe()}) did not offer local collectives in HELLO"
+            if not c.shm:
+                return f"rank {m.rank} ({c.describe()}) has no shared-memory staging with the coordinator"
+            if c.id in seen:
+                return (f"ranks {seen[c.id]} and {m.rank} are in one process ({c.describe()}); an arena needs "
+                        "one rank per process")
+            seen[c.id] = m.rank
+        return None
+
+    def _arena(self, client: Client, frame: P.Frame) -> None:
+        """ARENA: the communicator's arena, created by the first request of any member."""
+        if len(frame.body) != 8:
+            raise P.ProtocolError(f"ARENA body is {len(frame.body)} bytes, expected 8")
+        (handle,) = _U64.unpack(frame.body)
+        member = self._own_member(client, handle, "ARENA", frame.request_id)
+        if member is None:
+            return
+        comm = member.comm
+        if comm.arena is None and comm.arena_refusal is None:
+            refusal = self._arena_refusal(comm)
+            if refusal is None:
+                slot = A.slot_bytes_for(comm.nranks, min(m.client.S for m in comm.members), self.local_slot_bytes)
+                try:
+                    comm.arena = self.arena_factory(comm.id, comm.nranks, slot)
+                except OSError as exc:
+                    refusal = f"creating the arena file failed: {exc.strerror or exc}"
+                    log.warning("%s: %s", comm.label(), refusal)
+                else:
+                    self.arenas[comm.id] = comm.arena
+                    log.debug("%s: arena %s, %d-byte slots", comm.label(), comm.arena.path, slot)
+            comm.arena_refusal = refusal
+        arena = comm.arena
+        if arena is not None:
+            body = (_ARENA_INFO_FIXED.pack(1, member.rank, arena.slot_bytes, arena.total_bytes)
+                    + P.encode_str(arena.path) + _EMPTY_STR)
+        else:
+            body = (_ARENA_INFO_FIXED.pack(0, member.rank, 0, 0) + _EMPTY_STR
+                    + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
+        self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
+
+    def _disable_arena(self, comm: Comm, step: Step) -> None:
+        """A collective of an arena communicator came the old way (a group of calls, or a call
+        the arena cannot run): raise ``disabled`` before any answer goes out, so from now on
+        every rank sends every collective of this communicator here and the order holds."""
+        if comm.arena.set_disabled():
+            log.debug("%s: arena disabled: rank %d sent %s through the coordinator", comm.label(),
+                      step.member.rank, describe_op(step.desc))
+
+    def _close_arena(self, comm_id: int) -> None:
+        arena = self.arenas.pop(comm_id, None)
+        if arena is not None:
+            arena.close()
+
+    def _local_ops(self, client: Client, frame: P.Frame) -> None:
+        """LOCAL_OPS: comm rank 0's report of calls the ranks ran in their arena. Each is
+        recorded like a collective matched here. Never answered; anything malformed is a
+        protocol error (the connection closes)."""
+        body = frame.body
+        if len(body) < _LOCAL_OPS_FIXED.size:
+            raise P.ProtocolError(f"LOCAL_OPS body of {len(body)} bytes is shorter than its 16-byte prefix")
+        handle, n_records, nranks = _LOCAL_OPS_FIXED.unpack_from(body, 0)
+        record_len = P.LOCAL_RECORD_FIXED + 8 * nranks
+        if len(body) != _LOCAL_OPS_FIXED.size + n_records * record_len:
+            raise P.ProtocolError(f"LOCAL_OPS declares {n_records} records of {nranks} ranks "
+                                  f"({n_records * record_len} bytes) but its body holds {len(body) - 16}")
+        member = self.handles.get(handle)
+        if member is None or member.client is not client:
+            if self._freed.get(handle) is client:
+                # Sent before this process freed the communicator, which then went: nothing to add to.
+                log.debug("LOCAL_OPS for freed handle %#x dropped (%d records)", handle, n_records)
+                return
+            raise P.ProtocolError(f"LOCAL_OPS: handle {handle:#x} is not a communicator of this process")
+        comm = member.comm
+        if member.rank != 0:
+            raise P.ProtocolError(f"LOCAL_OPS from rank {member.rank} of {comm.label()}; only rank 0 sends it")
+        if nranks != comm.nranks:
+            raise P.ProtocolError(f"LOCAL_OPS for {comm.label()} says nranks {nranks}")
+        if comm.arena is None:
+            raise P.ProtocolError(f"LOCAL_OPS for {comm.label()}, which has no arena")
+        waits_st = struct.Struct(f"<{nranks}d")
+        records = []
+        pos = _LOCAL_OPS_FIXED.size
+        for i in range(n_records):
+            d = _OPDESC_UNPACK(body, pos)
+            times = _LOCAL_TIMES.unpack_from(body, pos + P.OPDESC_SIZE)
+            waits = waits_st.unpack_from(body, pos + P.LOCAL_RECORD_FIXED)
+            pos += record_len
+            problem = self._local_record_problem(d, times, waits, handle, comm)
+            if problem:
+                raise P.ProtocolError(f"LOCAL_OPS record {i} for {comm.label()}: {problem}")
+            records.append((d, times, waits))
+        self.n_ops += n_records
+        next_seq = member.coll_seq + comm.local_records
+        comm.local_records += n_records
+        if not self.recording:
+            return
+        global_ranks = comm.record.global_ranks
+        for k, (d, (started, rendezvous, execution), waits) in enumerate(records):
+            call = {"started_at": started, "seq": next_seq + k, "rendezvous_s": rendezvous,
+                    "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits))}
+            self._emit_collective(comm, d, DTYPES[d[D_DTYPE]], call)
+
+    @staticmethod
+    def _local_record_problem(d: tuple, times: tuple, waits: tuple, handle: int, comm: Comm) -> Optional[str]:
+        kind = d[D_KIND]
+        if kind not in _LOCAL_KINDS:
+            return f"kind {P.KIND_NAMES.get(kind, kind)} is not run in an arena"
+        if d[D_HANDLE] != handle:
+            return f"its OpDesc names handle {d[D_HANDLE]:#x}, the frame {handle:#x}"
+        if d[D_DTYPE] not in DTYPES:
+            return f"unknown datatype {d[D_DTYPE]}"
+        if kind in P.REDUCING_KINDS and d[D_REDOP] not in P.REDOP_NAMES:
+            return f"unknown reduction operator {d[D_REDOP]}"
+        if kind in P.ROOTED_KINDS and not 0 <= d[D_ROOT] < comm.nranks:
+            return f"root {d[D_ROOT]} is not a rank of the communicator"
+        started, rendezvous, execution = times
+        if not (math.isfinite(started) and 0 <= rendezvous < 1e9 and 0 <= execution < 1e9
+                and all(0 <= w < 1e9 for w in waits)):
+            return f"times out of range (started_at {started}, rendezvous {rendezvous} s, " \
+                   f"execution {execution} s, arrival waits {list(waits)})"
+        return None
+
     # ------------------------------------------------------------------ simulate
 
     def _simulate(self, client: Client, frame: P.Frame) -> None:
@@ -1072,8 +1263,8 @@ class Core:
         comm = slot.comm
         call = comm.call
         if call is None or first[D_FLAGS] & _FIRST:
-            call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq, "rendezvous_s": 0.0,
-                                "execution_s": 0.0, "socket_bytes": 0, "waits": {}}
+            call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq + comm.local_records,
+                                "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0, "waits": {}}
         last_arrival = max(s.arrived_at for s in steps)
         call["rendezvous_s"] += last_arrival - slot.first_at
         call["execution_s"] += t1 - t0
@@ -1085,11 +1276,16 @@ class Core:
                 call["socket_bytes"] += s.desc[D_IN_LEN] + s.desc[D_OUT_LEN]
         if first[D_FLAGS] & _LAST or not first[D_FLAGS] & (_FIRST | _LAST):
             comm.call = None
-            kind = first[D_KIND]
-            self._emit(comm, P.KIND_NAMES[kind], dt, first[D_REDOP] if kind in P.REDUCING_KINDS else None,
-                       first[D_TOTAL], first[D_ROOT] if kind in P.ROOTED_KINDS else -1, -1,
-                       tuple(range(comm.nranks)), logical_bytes(kind, first[D_TOTAL], dt.size, comm.nranks),
-                       call, "ok", "")
+            self._emit_collective(comm, first, dt, call)
+
+    def _emit_collective(self, comm: Comm, d: tuple, dt, call: dict) -> None:
+        """Record one whole collective call that succeeded on every member (matched here, or
+        run by the ranks in their arena and reported by LOCAL_OPS)."""
+        kind = d[D_KIND]
+        self._emit(comm, P.KIND_NAMES[kind], dt, d[D_REDOP] if kind in P.REDUCING_KINDS else None,
+                   d[D_TOTAL], d[D_ROOT] if kind in P.ROOTED_KINDS else -1, -1,
+                   tuple(range(comm.nranks)), logical_bytes(kind, d[D_TOTAL], dt.size, comm.nranks),
+                   call, "ok", "")
 
     def _record_p2p(self, comm: Comm, key: tuple, q: PairQueue, send: Step, recv: Step,
                     t0: float, t1: float) -> None:
@@ -1121,7 +1317,7 @@ class Core:
         d = steps[0].desc
         dt = DTYPES.get(d[D_DTYPE]) or DTYPES[0]
         kind = d[D_KIND]
-        call = {"started_at": started, "seq": seq, "rendezvous_s": 0.0, "execution_s": 0.0,
+        call = {"started_at": started, "seq": seq + comm.local_records, "rendezvous_s": 0.0, "execution_s": 0.0,
                 "socket_bytes": 0, "waits": {}}
         self._emit(comm, P.KIND_NAMES.get(kind, str(kind)), dt,
                    d[D_REDOP] if kind in P.REDUCING_KINDS else None, d[D_TOTAL],

@@ -60,7 +60,8 @@ class Member:
 
 class Comm:
     __slots__ = ("id", "name", "nranks", "members", "record", "slots", "tombstones", "p2p",
-                 "gone_ranks", "splits", "shrinks", "call", "p2p_calls", "reported_seq")
+                 "gone_ranks", "splits", "shrinks", "call", "p2p_calls", "reported_seq", "arena",
+                 "arena_refusal", "local_records")
 
     def __init__(self, comm_id: int, name: str, parent_id: Optional[int]):
         self.id = comm_id
@@ -77,6 +78,13 @@ class Comm:
         self.reported_seq = -1         # last collective seq failed for a gone member (one event each)
         self.call = None               # accumulator of the collective call in progress
         self.p2p_calls: dict = {}      # (sender, receiver) -> accumulator
+        # Host-local collectives (arena.py). The first ARENA request decides for the whole
+        # communicator: an Arena, or the reason it was refused; later requests get the same answer.
+        self.arena = None
+        self.arena_refusal: Optional[str] = None
+        # Calls reported by LOCAL_OPS so far. They took no collective seq of the matching, so the
+        # records' seq of this communicator's collectives is the matching seq plus this.
+        self.local_records = 0
 
     def set_members(self, members: list) -> None:
         self.members = members

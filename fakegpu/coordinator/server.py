@@ -456,6 +456,7 @@ class CoordinatorServer:
 
     async def close(self) -> None:
         self.core.flush_records()
+        self.core.close()   # unlink the arenas of communicators still alive
         if self._server is not None:
             self._server.close()
         for conn in list(self.conns.values()):

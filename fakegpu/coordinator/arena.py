@@ -1,0 +1,141 @@
+"""Shared-memory arenas for host-local collectives: the coordinator's side of the file.
+
+An arena is one file in /dev/shm per communicator whose members all run on the coordinator's
+host with shared memory (docs/protocol.md, "Host-local collectives"). The ranks copy their
+inputs into it, meet at a futex barrier and compute the results themselves; the coordinator
+only creates the file, writes its header, and later raises two flags in it: ``disabled`` (a
+collective of the communicator went the old way) and ``failed`` (a member left). Everything
+past the header belongs to the ranks.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import secrets
+import struct
+from typing import Callable, Optional
+
+log = logging.getLogger("fakegpu.coordinator")
+
+MAGIC = 0x52414746            # the bytes "F" "G" "A" "R" read as a little-endian u32
+LAYOUT_VERSION = 1
+HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, disabled, reserved
+OFF_FAILED = 12
+OFF_DISABLED = 24
+RECORDS_AT = 4096              # rank r's 256-byte record at RECORDS_AT + 256 * r
+RECORD_BYTES = 256
+PAGE = 4096
+
+MAX_SLOT_BYTES = 4 << 20       # per-slot cap
+BUDGET_BYTES = 256 << 20       # both parities of all slots together stay under this by default
+MIN_SLOT_BYTES = 4096
+
+_U32 = struct.Struct("<I")
+
+
+def data_offset(nranks: int) -> int:
+    """D: where the slots start, after the header page and the rank records (page aligned)."""
+    end = RECORDS_AT + RECORD_BYTES * nranks
+    return (end + PAGE - 1) // PAGE * PAGE
+
+
+def total_bytes(nranks: int, slot_bytes: int) -> int:
+    """D + two parities of (n input slots + 1 shared output slot)."""
+    return data_offset(nranks) + 2 * (nranks + 1) * slot_bytes
+
+
+def slot_bytes_for(nranks: int, staging_bytes: int, override: Optional[int] = None) -> int:
+    """Slot size: min(4 MiB, 256 MiB / (2(n+1))) or the override, never above the smallest
+    staging size granted to the members (so a call that fits a slot also fits their staging),
+    a multiple of 4096 (every slot page aligned), at least 4096."""
+    if override:
+        slot = int(override)
+    else:
+        slot = min(MAX_SLOT_BYTES, BUDGET_BYTES // (2 * (nranks + 1)))
+    slot = min(slot, int(staging_bytes))
+    slot = slot // PAGE * PAGE
+    return max(MIN_SLOT_BYTES, slot)
+
+
+class Arena:
+    """One communicator's arena file, mapped by the coordinator for the two flags it writes."""
+
+    __slots__ = ("path", "nranks", "slot_bytes", "total_bytes", "map", "disabled", "failed", "closed")
+
+    def __init__(self, path: str, nranks: int, slot_bytes: int, size: int, mapping):
+        self.path = path
+        self.nranks = nranks
+        self.slot_bytes = slot_bytes
+        self.total_bytes = size
+        self.map = mapping
+        self.disabled = False
+        self.failed = 0           # comm rank + 1 of the first member that left, 0 while none
+        self.closed = False
+
+    def set_disabled(self) -> bool:
+        """Raise ``disabled``; True the first time (so the caller logs once)."""
+        if self.disabled or self.closed:
+            return False
+        self.disabled = True
+        _U32.pack_into(self.map, OFF_DISABLED, 1)
+        return True
+
+    def set_failed(self, rank: int) -> None:
+        """Record that comm rank ``rank`` left. The first one wins: ranks waiting in the barrier
+        report the member that broke the communicator, not the last one to leave."""
+        if self.failed or self.closed:
+            return
+        self.failed = rank + 1
+        _U32.pack_into(self.map, OFF_FAILED, rank + 1)
+
+    def close(self) -> None:
+        """Unlink the file and drop the mapping. Ranks that still map it keep their pages."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove arena file %s: %s", self.path, exc)
+        try:
+            self.map.close()
+        except (BufferError, ValueError):   # a view of it still alive (tests): the GC unmaps it
+            pass
+
+
+def arena_path(directory: str, comm_id: int) -> str:
+    # The pid keeps coordinators on one host apart; the random part keeps a stale file of a
+    # crashed coordinator whose pid was reused from blocking O_EXCL.
+    return os.path.join(directory, f"fakegpu-arena-{os.getpid()}-{comm_id}-{secrets.token_hex(4)}")
+
+
+def create_arena(comm_id: int, nranks: int, slot_bytes: int, directory: str = "/dev/shm") -> Arena:
+    """Create, size, map and stamp the arena file of communicator ``comm_id``.
+
+    Raises OSError when the file cannot be made (no /dev/shm, out of space); nothing is left
+    behind then."""
+    path = arena_path(directory, comm_id)
+    size = total_bytes(nranks, slot_bytes)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        HEADER.pack_into(mapping, 0, MAGIC, LAYOUT_VERSION, nranks, 0, slot_bytes, 0, 0)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    return Arena(path, nranks, slot_bytes, size, mapping)
+
+
+# (comm_id, nranks, slot_bytes) -> Arena; raises OSError on failure. Core takes one so tests
+# can place arenas elsewhere or make creation fail.
+ArenaFactory = Callable[[int, int, int], Arena]
