@@ -15,7 +15,7 @@ from fakegpu.coordinator.collectives import numerics as N
 
 SUM, PROD, MAX, MIN, AVG, PREMUL = range(6)
 COUNTS = (0, 1, 3, 2047, 2048, 2049, 10000)
-RANKS = (1, 2, 3, 4, 8)
+RANKS = (1, 2, 3, 4, 5, 6, 7, 8)  # 5..8: every shape of the later passes
 GUARD = 16  # elements after the output that must stay untouched
 
 # The NaN x86 arithmetic produces (inf - inf, 0 * inf): negative, quiet, no payload. Random

@@ -1,11 +1,12 @@
-#include "local/reduce_n.h"
+#include "reduce_n.h"
 
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
-#include "fake_numerics.h"
+#include "../fake_numerics.h"
 
 // Products feeding sums must round on their own, as numpy's do: no fused multiply-add.
 #if defined(__clang__)
@@ -70,36 +71,54 @@ struct TableCodec {
   float load(T v) const { return table[v]; }
 };
 
-struct WidenTables {
-  float f16[65536];
-  float bf16[65536];
-  float e4m3[256];
-  float e5m2[256];
-
-  WidenTables() {
-    for (uint32_t v = 0; v < 65536; v++) {
-      const uint16_t h = static_cast<uint16_t>(v);
-      f16[v] = num::half_to_float(h);
-      if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
-        // NaN: numpy's float16 -> float32 cast (which builds numerics.py's table) keeps the
-        // sign and payload bits, signalling NaNs included; half_to_float returns the default
-        // NaN, which would change the payload of every NaN result.
-        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
-                              (static_cast<uint32_t>(h & 0x3ffu) << 13);
-        memcpy(&f16[v], &bits, 4);
-      }
-      bf16[v] = num::bf16_to_float(h);
-    }
-    for (uint32_t v = 0; v < 256; v++) {
-      e4m3[v] = num::fp8e4m3_to_float(static_cast<uint8_t>(v));
-      e5m2[v] = num::fp8e5m2_to_float(static_cast<uint8_t>(v));
-    }
-  }
+// Each table is built on its type's first use (the float16 one takes about a millisecond) and
+// never freed (no exit-order issues); function-local statics make the first use thread-safe.
+template <size_t N>
+struct Table {
+  float v[N];
 };
 
-const WidenTables& widen_tables() {
-  static const WidenTables* tables = new WidenTables();  // built once, never freed (no exit-order issues)
-  return *tables;
+template <size_t N, class Fill>
+const float* build_table(Fill fill) {
+  auto* t = new Table<N>;
+  for (uint32_t i = 0; i < N; i++) t->v[i] = fill(i);
+  return t->v;
+}
+
+const float* f16_table() {
+  static const float* table = build_table<65536>([](uint32_t v) {
+    const uint16_t h = static_cast<uint16_t>(v);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
+      // NaN: numpy's float16 -> float32 cast (which builds numerics.py's table) keeps the
+      // sign and payload bits, signalling NaNs included; half_to_float returns the default
+      // NaN, which would change the payload of NaN results.
+      const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
+                            (static_cast<uint32_t>(h & 0x3ffu) << 13);
+      float f;
+      memcpy(&f, &bits, 4);
+      return f;
+    }
+    return num::half_to_float(h);
+  });
+  return table;
+}
+
+const float* bf16_table() {
+  static const float* table =
+      build_table<65536>([](uint32_t v) { return num::bf16_to_float(static_cast<uint16_t>(v)); });
+  return table;
+}
+
+const float* e4m3_table() {
+  static const float* table =
+      build_table<256>([](uint32_t v) { return num::fp8e4m3_to_float(static_cast<uint8_t>(v)); });
+  return table;
+}
+
+const float* e5m2_table() {
+  static const float* table =
+      build_table<256>([](uint32_t v) { return num::fp8e5m2_to_float(static_cast<uint8_t>(v)); });
+  return table;
 }
 
 // ---- float32 accumulator -> narrow storage, rounded once -------------------------------------
@@ -239,7 +258,7 @@ class Scalars {
  private:
   A* data() { return heap_.empty() ? inline_ : heap_.data(); }
   static constexpr int kInline = 64;
-  A inline_[kInline] = {};
+  A inline_[kInline];  // filled by the constructor when PreMulSum needs it
   std::vector<A> heap_;
 };
 
@@ -349,18 +368,18 @@ bool reduce_n(int datatype, int redop, const void* const* inputs, int n, void* o
     case 4: reduce_int<int64_t>(redop, inputs, n, out, count, scalars); break;
     case 5: reduce_int<uint64_t>(redop, inputs, n, out, count, scalars); break;
     case 6:
-      reduce_narrow<uint16_t, StoreF16>(widen_tables().f16, 0.0f, redop, inputs, n, out, count, scalars);
+      reduce_narrow<uint16_t, StoreF16>(f16_table(), 0.0f, redop, inputs, n, out, count, scalars);
       break;
     case 7: reduce_same_float<float>(redop, inputs, n, out, count, scalars); break;
     case 8: reduce_same_float<double>(redop, inputs, n, out, count, scalars); break;
     case 9:
-      reduce_narrow<uint16_t, StoreBF16>(widen_tables().bf16, 0.0f, redop, inputs, n, out, count, scalars);
+      reduce_narrow<uint16_t, StoreBF16>(bf16_table(), 0.0f, redop, inputs, n, out, count, scalars);
       break;
     case 10:  // saturate to ml_dtypes.finfo(float8_e4m3fn).max, like numerics.py
-      reduce_narrow<uint8_t, StoreE4M3>(widen_tables().e4m3, 448.0f, redop, inputs, n, out, count, scalars);
+      reduce_narrow<uint8_t, StoreE4M3>(e4m3_table(), 448.0f, redop, inputs, n, out, count, scalars);
       break;
     case 11:  // ... and float8_e5m2's
-      reduce_narrow<uint8_t, StoreE5M2>(widen_tables().e5m2, 57344.0f, redop, inputs, n, out, count, scalars);
+      reduce_narrow<uint8_t, StoreE5M2>(e5m2_table(), 57344.0f, redop, inputs, n, out, count, scalars);
       break;
   }
   return true;

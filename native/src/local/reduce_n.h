@@ -1,5 +1,5 @@
-// The n-way reduction the ranks of a host-local collective (docs/arena_spec / local
-// collectives) compute themselves: exactly the bits the coordinator's reduce_into
+// The n-way reduction the ranks of a host-local collective (native/src/local: the ranks reduce
+// their shared-memory inputs themselves) compute: exactly the bits the coordinator's reduce_into
 // (fakegpu/coordinator/collectives/numerics.py, docs/numerics.md) produces, so a collective
 // gives the same result whichever way it ran.
 #pragma once
