@@ -278,3 +278,18 @@ def test_refuses_unknown_arguments(reduce_n):
     assert lib.fakegpu_test_reduce_n(7, PREMUL, ptrs, 1, out, 4, ffi.NULL) == -1  # no scalars
     assert lib.fakegpu_test_reduce_n(7, PREMUL, ptrs, 1, out, 4, sc) == 0
     assert lib.fakegpu_test_reduce_n(7, SUM, ffi.NULL, 3, ffi.NULL, 0, ffi.NULL) == 0  # nothing to do
+
+
+@pytest.mark.parametrize("code", [2, 7, 9])
+def test_premulsum_over_many_ranks(reduce_n, code):
+    # More ranks than reduce_n keeps scalars for on the stack (64).
+    dt = N.DTYPES[code]
+    rng = np.random.default_rng(code)
+    n = 70
+    xs = random_inputs(dt, n, 257, rng)
+    if dt.is_float:
+        values = (rng.standard_normal(n) * 2).astype(dt.np)
+        sc = [values[r:r + 1].tobytes().ljust(8, b"\0") for r in range(n)]
+    else:
+        sc = premul_scalars(dt, n, rng)
+    assert_same_bits(reduce_n(dt, PREMUL, xs, sc), coordinator_result(dt, PREMUL, xs, sc), f"{dt.name} n={n}")
