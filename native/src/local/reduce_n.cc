@@ -303,7 +303,8 @@ void reduce_int(int redop, const void* const* inputs, int n, void* out_v, uint64
   const U* const* in = reinterpret_cast<const U* const*>(inputs);
   U* out = static_cast<U*>(out_v);
   const Scalars<U> s(c, scalars, n, redop == kPreMulSum);
-  // numerics._int_truncating_divide: n above the type's maximum gives 0 (it takes |x| < n).
+  // numerics._int_truncating_divide: n above the type's maximum gives 0 (it assumes |x| < n;
+  // int8 with n == 128 and a wrapped sum of -128 is the one case where C would give -1).
   const bool avg_is_zero =
       static_cast<uint64_t>(n) > static_cast<uint64_t>(std::numeric_limits<T>::max());
   with_op(redop, [&](auto op, auto premul) {
