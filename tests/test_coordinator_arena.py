@@ -313,19 +313,39 @@ def _group(handle, kind=P.KIND_ALLREDUCE, count=1, rank=0, n=3):
                                  in_len=in_len, out_len=out_len),))
 
 
-def test_group_collective_raises_disabled_before_any_answer(make):
+def test_pending_counts_collectives_waiting_at_the_coordinator(make):
     h = make()
     handles, path = _granted(h)
     rid = h.send(0, _group(handles[0]))
-    assert read_header(path)[5] == 1 and h.core.comms[1].arena.disabled
+    # Written before any answer: members waiting in the arena withdraw and come here.
+    assert read_header(path)[5] == 1 and h.core.comms[1].arena.pending == 1
     assert h.reply(0, rid) is None        # the collective still waits for its peers
-    rids = [h.send(c, _group(handles[c])) for c in (1, 2)]
-    assert all(isinstance(h.reply(c, r), P.GroupDone) for c, r in zip((0, 1, 2), [rid, *rids]))
-    # Later ARENA requests get the same grant; the ranks see the flag in the file.
+    rid1 = h.send(1, _group(handles[1]))
+    assert read_header(path)[5] == 1
+    rid2 = h.send(2, _group(handles[2]))
+    assert read_header(path)[5] == 0      # matched: the arena may be used again
+    assert all(isinstance(h.reply(c, r), P.GroupDone) for c, r in zip((0, 1, 2), [rid, rid1, rid2]))
     assert h.arena(1, handles[1]).granted == 1
 
 
-def test_sendrecv_does_not_disable(make):
+def test_pending_drops_when_the_waiting_collective_times_out(make):
+    h = make()
+    handles, path = _granted(h)
+    h.send(0, _group(handles[0]))
+    assert read_header(path)[5] == 1
+    h.apply(h.core.tick(1000.0 + h.core.timeout_s + 1))
+    assert read_header(path)[5] == 0
+
+
+def test_arena_created_while_a_collective_waits_starts_with_pending(make):
+    h = make()
+    handles = world(h, 3)
+    h.send(0, _group(handles[0]))
+    info = h.arena(1, handles[1])
+    assert info.granted == 1 and read_header(info.path)[5] == 1
+
+
+def test_sendrecv_is_not_pending(make):
     h = make()
     handles, path = _granted(h)
     send = P.OpDesc(comm_handle=handles[0], kind=P.KIND_SEND, datatype=F32, root=1, total_count=1, step_count=1,

@@ -3,8 +3,9 @@
 An arena is one file in /dev/shm per communicator whose members all run on the coordinator's
 host with shared memory (docs/protocol.md, "Host-local collectives"). The ranks copy their
 inputs into it, meet at a futex barrier and compute the results themselves; the coordinator
-only creates the file, writes its header, and later raises two flags in it: ``disabled`` (a
-collective of the communicator went the old way) and ``failed`` (a member left). Everything
+only creates the file, writes its header, and keeps two fields in it up to date: ``pending``
+(how many collectives of the communicator wait at the coordinator for members: ranks waiting
+in the arena then send their call to the coordinator instead) and ``failed`` (a member left). Everything
 past the header belongs to the ranks.
 """
 from __future__ import annotations
@@ -20,9 +21,9 @@ log = logging.getLogger("fakegpu.coordinator")
 
 MAGIC = 0x52414746            # the bytes "F" "G" "A" "R" read as a little-endian u32
 LAYOUT_VERSION = 1
-HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, disabled, reserved
+HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, pending, reserved
 OFF_FAILED = 12
-OFF_DISABLED = 24
+OFF_PENDING = 24
 RECORDS_AT = 4096              # rank r's 256-byte record at RECORDS_AT + 256 * r
 RECORD_BYTES = 256
 PAGE = 4096
@@ -61,7 +62,7 @@ def slot_bytes_for(nranks: int, staging_bytes: int, override: Optional[int] = No
 class Arena:
     """One communicator's arena file, mapped by the coordinator for the two flags it writes."""
 
-    __slots__ = ("path", "nranks", "slot_bytes", "total_bytes", "map", "disabled", "failed", "closed")
+    __slots__ = ("path", "nranks", "slot_bytes", "total_bytes", "map", "pending", "failed", "closed")
 
     def __init__(self, path: str, nranks: int, slot_bytes: int, size: int, mapping):
         self.path = path
@@ -69,17 +70,18 @@ class Arena:
         self.slot_bytes = slot_bytes
         self.total_bytes = size
         self.map = mapping
-        self.disabled = False
+        self.pending = 0          # collectives of the comm waiting at the coordinator for members
         self.failed = 0           # comm rank + 1 of the first member that left, 0 while none
         self.closed = False
 
-    def set_disabled(self) -> bool:
-        """Raise ``disabled``; True the first time (so the caller logs once)."""
-        if self.disabled or self.closed:
-            return False
-        self.disabled = True
-        _U32.pack_into(self.map, OFF_DISABLED, 1)
-        return True
+    def set_pending(self, count: int) -> None:
+        """Publish how many collectives of the communicator wait at the coordinator. While it is
+        not 0 no call starts in the arena, and members waiting in its barrier withdraw and send
+        their call here: the members of a call never split between the two paths."""
+        if self.closed or count == self.pending:
+            return
+        self.pending = count
+        _U32.pack_into(self.map, OFF_PENDING, count)
 
     def set_failed(self, rank: int) -> None:
         """Record that comm rank ``rank`` left. The first one wins: ranks waiting in the barrier

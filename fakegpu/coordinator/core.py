@@ -143,6 +143,8 @@ class Core:
         self._out: list = []
         self.n_groups = 0
         self.n_ops = 0
+        self.n_local_ops = 0      # calls the ranks ran in arenas (LOCAL_OPS records)
+        self.n_arenas = 0         # arenas created
         self.n_errors = 0
         # Fault injection (faults.py, docs/faults.md): FAKEGPU_FAULTS plus the YAML's faults.
         self.faults = faults if faults is not None else load_plan(os.environ.get("FAKEGPU_FAULTS"), topology)
@@ -277,7 +279,8 @@ class Core:
         return {"version": _version(), "pid": os.getpid(), "transport": self.transport,
                 "clients": len(self.clients), "communicators": len(self.comms),
                 "pending": len(self._waiting), "uptime_s": round(self.wall() - self.started_wall, 3),
-                "groups": self.n_groups, "ops": self.n_ops, "errors": self.n_errors}
+                "groups": self.n_groups, "ops": self.n_ops, "errors": self.n_errors,
+                "arenas": self.n_arenas, "local_ops": self.n_local_ops}
 
     # ------------------------------------------------------------------ helpers
 
@@ -607,6 +610,7 @@ class Core:
                     self._error(a[0].client, a[1], *rdv.failed)
         if comm.arena is not None:
             comm.arena.set_failed(rank)
+            comm.arena.set_pending(len(comm.slots))
         if all(m.gone is not None for m in comm.members):
             self.comms.pop(comm.id, None)
             self._close_arena(comm.id)
@@ -759,8 +763,6 @@ class Core:
     def _submit_collective(self, step: Step, now: float) -> None:
         member = step.member
         comm = member.comm
-        if comm.arena is not None and not comm.arena.disabled and not step.group.accounted:
-            self._disable_arena(comm, step)
         seq = member.coll_seq
         member.coll_seq = seq + 1
         err, step.sig = validate(step.desc, member, member.client.S, step.group.accounted)
@@ -790,6 +792,8 @@ class Core:
             del comm.slots[seq]
             del self._waiting[slot]
             self._run_slot(slot, now)
+        if comm.arena is not None:
+            comm.arena.set_pending(len(comm.slots))
 
     def _run_slot(self, slot: Slot, now: float) -> None:
         steps = slot.steps
@@ -957,6 +961,8 @@ class Core:
     def _expire_slot(self, slot: Slot) -> None:
         comm = slot.comm
         comm.slots.pop(slot.seq, None)
+        if comm.arena is not None:
+            comm.arena.set_pending(len(comm.slots))
         arrived = [s for s in slot.steps if s is not None]
         missing = [r for r, s in enumerate(slot.steps) if s is None]
         asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in arrived)
@@ -1128,6 +1134,8 @@ class Core:
                     log.warning("%s: %s", comm.label(), refusal)
                 else:
                     self.arenas[comm.id] = comm.arena
+                    self.n_arenas += 1
+                    comm.arena.set_pending(len(comm.slots))   # calls may already wait here
                     log.debug("%s: arena %s, %d-byte slots", comm.label(), comm.arena.path, slot)
             comm.arena_refusal = refusal
         arena = comm.arena
@@ -1138,14 +1146,6 @@ class Core:
             body = (_ARENA_INFO_FIXED.pack(0, member.rank, 0, 0) + _EMPTY_STR
                     + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
         self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
-
-    def _disable_arena(self, comm: Comm, step: Step) -> None:
-        """A collective of an arena communicator came the old way (a group of calls, or a call
-        the arena cannot run): raise ``disabled`` before any answer goes out, so from now on
-        every rank sends every collective of this communicator here and the order holds."""
-        if comm.arena.set_disabled():
-            log.debug("%s: arena disabled: rank %d sent %s through the coordinator", comm.label(),
-                      step.member.rank, describe_op(step.desc))
 
     def _close_arena(self, comm_id: int) -> None:
         arena = self.arenas.pop(comm_id, None)
@@ -1191,6 +1191,7 @@ class Core:
                 raise P.ProtocolError(f"LOCAL_OPS record {i} for {comm.label()}: {problem}")
             records.append((d, times, waits))
         self.n_ops += n_records
+        self.n_local_ops += n_records
         next_seq = member.coll_seq + comm.local_records
         comm.local_records += n_records
         if not self.recording:

@@ -55,6 +55,12 @@ void atfork_child() {
   g_client_fast.store(nullptr);
 }
 
+// FAKEGPU_LOCAL_COLLECTIVES=0 (or false/no/off) keeps every collective on the coordinator.
+bool local_collectives_wanted() {
+  const char* v = getenv("FAKEGPU_LOCAL_COLLECTIVES");
+  return !v || !*v || env::flag("FAKEGPU_LOCAL_COLLECTIVES");
+}
+
 std::string hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -192,6 +198,8 @@ ncclResult_t Client::connect_new(Client** out) {
 ncclResult_t Client::hello() {
   proto::Hello h;
   h.flags = shm_base_ ? proto::kHelloShm : 0;
+  // Host-local collectives need the shared memory too (docs/protocol.md, arenas).
+  if (shm_base_ && local_collectives_wanted()) h.flags |= proto::kHelloLocal;
   h.global_rank = static_cast<int32_t>(env::integer("RANK", -1));
   h.local_rank = static_cast<int32_t>(env::integer("LOCAL_RANK", -1));
   h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
@@ -228,6 +236,7 @@ ncclResult_t Client::hello() {
     munmap(shm_base_, shm_map_len_);
     shm_base_ = nullptr;
   }
+  local_ = shm_base_ && (h.flags & proto::kHelloLocal) && (ok.flags & proto::kHelloLocal);
   transport::tune_socket(fd_, wait_timeout_ms());
   return ncclSuccess;
 }
@@ -289,8 +298,38 @@ ncclResult_t Client::request(Pending* p, uint16_t type, const iovec* iov, int io
     if (dead_) return fail(ncclSystemError, dead_msg_);
     pending_.push_back(p);
   }
+  ncclResult_t rc = send_frame(type, p->id, iov, iovcnt, body_len);
+  if (rc != ncclSuccess) unregister(p);
+  return rc;
+}
+
+bool Client::connection_alive() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (dead_) return false;
+  }
+  char b;
+  ssize_t n = recv(fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return false;  // EOF: the coordinator went away
+  return n > 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+ncclResult_t Client::post(uint16_t type, const iovec* iov, int iovcnt) {
+  size_t body_len = 0;
+  for (int i = 0; i < iovcnt; i++) body_len += iov[i].iov_len;
+  if (body_len > max_body() || body_len > UINT32_MAX)
+    return failf(ncclInternalError, "fakegpu: %s frame of %zu bytes exceeds the frame limit", proto::type_name(type),
+                 body_len);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (dead_) return fail(ncclSystemError, dead_msg_);
+  }
+  return send_frame(type, 0, iov, iovcnt, body_len);
+}
+
+ncclResult_t Client::send_frame(uint16_t type, uint32_t id, const iovec* iov, int iovcnt, size_t body_len) {
   uint8_t hdr[proto::kHeaderSize];
-  proto::encode_header(hdr, type, p->id, static_cast<uint32_t>(body_len));
+  proto::encode_header(hdr, type, id, static_cast<uint32_t>(body_len));
   iovec small[16];
   std::vector<iovec> big;
   iovec* all = small;
@@ -309,7 +348,6 @@ ncclResult_t Client::request(Pending* p, uint16_t type, const iovec* iov, int io
   if (!ok) {
     mark_dead("fakegpu: lost the connection to the coordinator at " + address_ + " while sending " +
               proto::type_name(type) + ": " + err);
-    unregister(p);
     return fail(ncclSystemError, dead_msg_);
   }
   return ncclSuccess;

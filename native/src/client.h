@@ -57,6 +57,8 @@ class Client {
   uint8_t* shm_out() const { return shm_base_ + staging_bytes_; }
   uint32_t timeout_ms() const { return timeout_ms_; }
   uint32_t client_id() const { return client_id_; }
+  // Both sides agreed on host-local collectives (HELLO bit1): ARENA requests are answered.
+  bool local_collectives() const { return local_; }
   const std::string& address() const { return address_; }
   // Largest body we accept or send: 2 * staging + 16 MiB (docs/protocol.md).
   uint64_t max_body() const { return 2 * staging_bytes_ + (16u << 20); }
@@ -66,6 +68,10 @@ class Client {
   ncclResult_t request(Pending* p, uint16_t type, const iovec* iov, int iovcnt);
   // Blocks until p's response arrived, the connection failed, or the wait timed out.
   ncclResult_t wait(Pending* p);
+  // False once the coordinator closed the connection (checked without blocking or reading).
+  bool connection_alive();
+  // Sends a frame that is never answered (request_id 0), e.g. LOCAL_OPS.
+  ncclResult_t post(uint16_t type, const iovec* iov, int iovcnt);
   // request + wait with one body buffer.
   ncclResult_t call(Pending* p, uint16_t type, const std::vector<uint8_t>& body);
 
@@ -99,6 +105,7 @@ class Client {
   void mark_dead(const std::string& why, Pending* reader_claim = nullptr);
   void unregister(Pending* p);
   bool send_all(const iovec* iov, int iovcnt, std::string* err);
+  ncclResult_t send_frame(uint16_t type, uint32_t id, const iovec* iov, int iovcnt, size_t body_len);
 
   int fd_ = -1;
   std::string address_;  // "unix:/path" or "tcp:host:port", for messages
@@ -106,6 +113,7 @@ class Client {
   uint32_t timeout_ms_ = 0;  // the coordinator's rendezvous timeout, from HELLO_OK
   uint64_t staging_bytes_ = 0;
   uint8_t* shm_base_ = nullptr;
+  bool local_ = false;
   size_t shm_map_len_ = 0;
   std::string shm_name_;
 

@@ -11,6 +11,9 @@
 #include "nccl.h"
 
 namespace fakegpu {
+namespace local {
+struct CommState;  // local/local_collectives.cc
+}
 
 constexpr uint64_t kCommMagic = 0x6667707563306d6dULL;  // "fgpuc0mm"
 
@@ -51,6 +54,10 @@ struct ncclComm {
   bool finalized = false;
   std::atomic<bool> aborted{false};
   std::atomic<bool> suspended{false};
+
+  // Host-local collectives: 0 not asked yet, 1 arena mapped (`local`), 2 refused.
+  std::atomic<int> local_status{0};
+  fakegpu::local::CommState* local = nullptr;
 
   std::mutex mu;           // guards redops and last_error
   std::vector<fakegpu::PreMulSumOp> redops;

@@ -9,6 +9,7 @@
 #include "client.h"
 #include "cuda_staging.h"
 #include "last_error.h"
+#include "local/local_collectives.h"
 #include "mode.h"
 #include "staging.h"
 
@@ -97,6 +98,7 @@ class SimulateMode : public DistMode {
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
+    local::flush(client);
     std::vector<uint8_t> body;
     proto::Writer w(&body);
     uint16_t type;
@@ -176,6 +178,8 @@ class SimulateMode : public DistMode {
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
+    local::release(client, comm);
+    local::flush(client);
     std::vector<uint8_t> body;
     proto::Writer w(&body);
     proto::encode(w, proto::CommFree{comm->handle, how});
@@ -203,6 +207,9 @@ class SimulateMode : public DistMode {
     rc = cuda_staging::prepare_group(user_calls, &staged, &device);
     if (rc != ncclSuccess) return rc;
     const std::vector<CollCall>& calls = device ? staged : user_calls;
+    // A call alone in its group may run among the ranks in its communicator's arena.
+    if (calls.size() == 1 && local::try_run(client, calls[0], &rc)) return rc;
+    local::flush(client);
     if (device && client->shm()) cuda_staging::pin_staging(client->shm_in(), 2 * S);
 
     thread_local std::vector<Step> steps;
@@ -269,6 +276,7 @@ class SimulateMode : public DistMode {
     rc = cuda_staging::prepare_group(user_calls, &staged, &device);
     if (rc != ncclSuccess) return rc;
     const std::vector<CollCall>& calls = device ? staged : user_calls;
+    local::flush(client);
     std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
     uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
     memcpy(body.data(), &n, 4);
@@ -278,7 +286,7 @@ class SimulateMode : public DistMode {
       st.cnt = calls[k].count;
       st.flags = proto::kOpFirstStep | proto::kOpLastStep;
       step_lengths(calls[k], st.cnt, &st.in_len, &st.out_len);
-      encode_desc(calls[k], st, body.data() + 8 + k * proto::kOpDescSize);
+      encode_step_desc(calls[k], st, body.data() + 8 + k * proto::kOpDescSize);
     }
     Pending p;
     rc = client->call(&p, proto::kSimulate, body);
@@ -303,6 +311,7 @@ class SimulateMode : public DistMode {
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
+    local::flush(client);
     std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
     uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
     memcpy(body.data(), &n, 4);
@@ -351,28 +360,6 @@ class SimulateMode : public DistMode {
   }
 
  private:
-  static void encode_desc(const CollCall& c, const Step& st, uint8_t* out) {
-    proto::OpDesc d;
-    d.comm_handle = c.comm->handle;
-    d.kind = c.kind;
-    d.datatype = c.datatype;
-    d.redop = c.redop;
-    d.flags = static_cast<uint8_t>(st.flags | (c.in_place ? proto::kOpInPlace : 0));
-    d.root = c.root;
-    d.total_count = c.count;
-    d.step_count = st.cnt;
-    d.in_offset = st.in_offset;
-    d.in_len = st.in_len;
-    d.out_offset = st.out_offset;
-    d.out_len = st.out_len;
-    if (c.redop == 5) {
-      // A device-resident scalar is read when the collective runs, as NCCL does.
-      memcpy(d.scalar, c.scalar_ptr ? c.scalar_ptr : c.scalar, datatype_size(c.datatype));
-    }
-    d.call_seq = c.call_seq;
-    proto::encode_opdesc(out, d);
-  }
-
   static void mark_async(const std::vector<CollCall>& calls, ncclResult_t r) {
     for (const CollCall& c : calls) c.comm->async_error.store(r);
   }
@@ -387,7 +374,7 @@ class SimulateMode : public DistMode {
     uint32_t n_ops = static_cast<uint32_t>(n), flags = partial ? proto::kGroupPartial : 0;
     memcpy(head.data(), &n_ops, 4);
     memcpy(head.data() + 4, &flags, 4);
-    for (size_t k = 0; k < n; k++) encode_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
+    for (size_t k = 0; k < n; k++) encode_step_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
     iov.clear();
     iov.push_back({head.data(), head.size()});
 

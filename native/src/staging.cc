@@ -1,8 +1,29 @@
 #include "staging.h"
 
+#include <cstring>
+
 #include "last_error.h"
 
 namespace fakegpu {
+
+void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpDescSize]) {
+  proto::OpDesc d;
+  d.comm_handle = c.comm->handle;
+  d.kind = c.kind;
+  d.datatype = c.datatype;
+  d.redop = c.redop;
+  d.flags = static_cast<uint8_t>(st.flags | (c.in_place ? proto::kOpInPlace : 0));
+  d.root = c.root;
+  d.total_count = c.count;
+  d.step_count = st.cnt;
+  d.in_offset = st.in_offset;
+  d.in_len = st.in_len;
+  d.out_offset = st.out_offset;
+  d.out_len = st.out_len;
+  if (c.redop == 5) memcpy(d.scalar, c.scalar_ptr ? c.scalar_ptr : c.scalar, datatype_size(c.datatype));
+  d.call_seq = c.call_seq;
+  proto::encode_opdesc(out, d);
+}
 
 void step_lengths(const CollCall& c, uint64_t cnt, uint64_t* in_len, uint64_t* out_len) {
   const uint64_t s = datatype_size(c.datatype);

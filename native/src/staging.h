@@ -33,6 +33,10 @@ inline uint64_t block_factor(uint8_t kind, int nranks) {
   }
 }
 
+// The wire OpDesc of step `st` of call `c` (a device-resident PreMulSum scalar is read now,
+// when the collective runs, as NCCL does).
+void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpDescSize]);
+
 // This rank's in_len/out_len for `cnt` elements of call `c`.
 void step_lengths(const CollCall& c, uint64_t cnt, uint64_t* in_len, uint64_t* out_len);
 

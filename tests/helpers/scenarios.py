@@ -534,3 +534,50 @@ def rank_dies(ctx: RankContext, victim: int = 1) -> dict:
     except NcclError as exc:
         error = _error_info(exc)
     return {"error": error, "seconds": time.monotonic() - start}
+
+
+# --------------------------------------------------------------------------------------------
+# Host-local collectives (arenas)
+# --------------------------------------------------------------------------------------------
+
+@scenario
+def grouped_on_some_ranks(ctx: RankContext, count: int = 1000) -> dict:
+    """The same two allreduces (world communicator, then a duplicate of it), issued one by one
+    on even ranks and as one group on odd ranks: legal NCCL, and the arenas must hand both
+    calls to the coordinator instead of waiting for ranks that never come."""
+    dup = ctx.comm.split(0, ctx.rank)
+    a = np.full(count, ctx.rank + 1, dtype=np.float32)
+    b = np.full(count, 10 * (ctx.rank + 1), dtype=np.float64)
+    if ctx.rank % 2 == 0:
+        ctx.comm.all_reduce(a, a, count, DataType.float32, RedOp.sum)
+        dup.all_reduce(b, b, count, DataType.float64, RedOp.sum)
+    else:
+        with ctx.nccl.group():
+            ctx.comm.all_reduce(a, a, count, DataType.float32, RedOp.sum)
+            dup.all_reduce(b, b, count, DataType.float64, RedOp.sum)
+    # And after that, calls one by one on every rank still work.
+    c = np.arange(count, dtype=np.int32) * (ctx.rank + 1)
+    ctx.comm.all_reduce(c, c, count, DataType.int32, RedOp.sum)
+    dup.destroy()
+    return {"a": a, "b": b, "c": c}
+
+
+@scenario
+def missing_rank(ctx: RankContext, absent: int = 1, hold_s: float = 5.0) -> dict:
+    """Every rank but ``absent`` starts an allreduce on a fresh communicator; ``absent`` stays
+    away for ``hold_s`` seconds: the others get ncclTimeout, with the coordinator's message."""
+    uid = ctx.shared_unique_id(f"missing-{absent}")
+    comm = ctx.nccl.comm_init_rank(ctx.nranks, uid, ctx.rank)
+    error = None
+    start = time.monotonic()
+    if ctx.rank != absent:
+        buf = np.ones(8, dtype=np.float32)
+        try:
+            comm.all_reduce(buf, buf, 8, DataType.float32, RedOp.sum)
+        except NcclError as exc:
+            error = _error_info(exc)
+    else:
+        time.sleep(hold_s)
+    elapsed = time.monotonic() - start
+    comm.abort()
+    return {"error": error, "seconds": elapsed}
