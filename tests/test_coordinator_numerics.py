@@ -117,3 +117,13 @@ def test_dtype_table_matches_nccl_enum():
         "bfloat16", "float8e4m3", "float8e5m2"]
     assert all(N.DTYPES[c].size == s for c, s in zip(range(12), [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1]))
     assert P.REDOP_NAMES[PREMUL] == "premulsum"
+
+
+@pytest.mark.parametrize("n", [127, 128, 129])
+def test_int8_average_over_as_many_ranks_as_the_type_holds_truncates_like_c(n):
+    # 128 is not an int8 divisor; C still gives -128 / 128 = -1 and 127 / 128 = 0.
+    dt = N.DTYPE_BY_NAME["int8"]
+    xs = [np.array([-128, 127, -1], np.int8)] + [np.zeros(3, np.int8)] * (n - 1)
+    got = run(dt, P.REDOP_AVG, xs)
+    assert got.tolist() == [int(-128 / n), int(127 / n), 0]
+    assert got.tolist() == N.reference_reduce(dt, P.REDOP_AVG, xs).tolist()

@@ -146,14 +146,14 @@ def test_integer_wraparound_and_truncating_average(reduce_n):
 
 @pytest.mark.parametrize("n", [127, 128, 129, 256, 300])
 def test_integer_average_over_more_ranks_than_the_type_can_count(reduce_n, n):
-    # numerics._int_truncating_divide gives 0 once n exceeds the type's maximum (int8: 127,
-    # uint8: 255), even for int8 n == 128 with a wrapped sum of -128 (C would say -1).
+    # C's truncation toward zero: once |x| < n for every value the average is 0; int8 with
+    # n == 128 (not representable as an int8 divisor) still gives -128 / 128 = -1.
     for code in (0, 1):
         dt = N.DTYPES[code]
         xs = [np.array([-128 if code == 0 else 200, 1, 5], dt.np)] + [np.zeros(3, dt.np)] * (n - 1)
         assert_same_bits(reduce_n(dt, AVG, xs), coordinator_result(dt, AVG, xs), f"{dt.name} avg n={n}")
-    # n == 127 still divides (-128 / 127 truncates to -1); from 128 on every average is 0.
-    want = [-1] if n == 127 else [0]
+    # -128 / 127 and -128 / 128 truncate to -1; from 129 on every average is 0.
+    want = [-1] if n in (127, 128) else [0]
     assert reduce_n(N.DTYPES[0], AVG, [np.array([-128], np.int8)] + [np.zeros(1, np.int8)] * (n - 1)).tolist() == want
 
 

@@ -84,8 +84,11 @@ _BINARY = {P.REDOP_SUM: np.add, P.REDOP_PROD: np.multiply, P.REDOP_MAX: np.maxim
 def _int_truncating_divide(out: np.ndarray, n: int) -> None:
     """out = trunc(out / n) in place, with C semantics, for a positive n."""
     info = np.iinfo(out.dtype)
-    if n > info.max:  # |x| < n for every representable x
+    if n > -int(info.min) if info.min else n > info.max:  # |x| < n for every representable x
         out[...] = 0
+        return
+    if n == -int(info.min):  # n = 2^(bits-1) is not representable: only the minimum gives -1
+        out[...] = np.where(out == info.min, out.dtype.type(-1), out.dtype.type(0))
         return
     if info.min == 0:
         np.floor_divide(out, out.dtype.type(n), out=out)

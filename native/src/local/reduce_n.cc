@@ -303,10 +303,13 @@ void reduce_int(int redop, const void* const* inputs, int n, void* out_v, uint64
   const U* const* in = reinterpret_cast<const U* const*>(inputs);
   U* out = static_cast<U*>(out_v);
   const Scalars<U> s(c, scalars, n, redop == kPreMulSum);
-  // numerics._int_truncating_divide: n above the type's maximum gives 0 (it assumes |x| < n;
-  // int8 with n == 128 and a wrapped sum of -128 is the one case where C would give -1).
-  const bool avg_is_zero =
-      static_cast<uint64_t>(n) > static_cast<uint64_t>(std::numeric_limits<T>::max());
+  // n beyond the type's range: |x| < n for every value, so the truncated quotient is 0, except
+  // that n = 2^(bits-1) (not representable in a signed type) gives -1 for the minimum.
+  const uint64_t magnitude_limit = std::is_signed<T>::value
+                                       ? static_cast<uint64_t>(std::numeric_limits<T>::max()) + 1
+                                       : static_cast<uint64_t>(std::numeric_limits<T>::max());
+  const bool avg_is_zero = static_cast<uint64_t>(n) > magnitude_limit;
+  const bool avg_is_sign = std::is_signed<T>::value && static_cast<uint64_t>(n) == magnitude_limit;
   with_op(redop, [&](auto op, auto premul) {
     using Op = decltype(op);
     for (uint64_t b = 0; b < count; b += kBlock) {
@@ -316,6 +319,9 @@ void reduce_int(int redop, const void* const* inputs, int n, void* out_v, uint64
       if (redop != kAvg) continue;
       if (avg_is_zero) {
         for (size_t i = 0; i < m; i++) o[i] = 0;
+      } else if (avg_is_sign) {
+        for (size_t i = 0; i < m; i++)
+          o[i] = static_cast<T>(o[i]) == std::numeric_limits<T>::min() ? static_cast<U>(-1) : static_cast<U>(0);
       } else {
         const T divisor = static_cast<T>(n);
         for (size_t i = 0; i < m; i++)  // the wrapped sum, divided with C's truncation toward zero
