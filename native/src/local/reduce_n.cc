@@ -129,12 +129,12 @@ struct StoreBF16 {
   static uint16_t store(float f) {
     // ml_dtypes turns every NaN into the quiet NaN 0x7fc0 with its sign; float_to_bf16 keeps
     // the top payload bits, so NaNs are handled here.
-    if (f != f) {
-      uint32_t bits;
-      memcpy(&bits, &f, 4);
-      return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
-    }
-    return num::float_to_bf16(f);
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
+    // Round to nearest even, inline (float_to_bf16's rule; this runs once per element).
+    bits += 0x7fffu + ((bits >> 16) & 1);
+    return static_cast<uint16_t>(bits >> 16);
   }
 };
 struct StoreE4M3 {
