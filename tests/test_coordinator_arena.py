@@ -559,3 +559,30 @@ def test_coordinator_process_removes_arenas_at_shutdown(tmp_path):
             proc.wait(5)
         for path in segments:
             os.unlink(path)
+
+
+def test_close_arenas_raises_closing_in_every_arena(make):
+    h = make()
+    _, path = _granted(h)
+    assert read_header(path)[6] == 0
+    assert h.core.close_arenas() is True
+    assert read_header(path)[6] == 1
+
+
+def test_close_arenas_without_arenas_says_so(make):
+    assert make().core.close_arenas() is False
+
+
+def test_stale_arena_files_of_dead_coordinators_are_removed(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f"fakegpu-arena-{dead_pid}-3-abcd1234"
+    live = tmp_path / f"fakegpu-arena-{os.getpid()}-3-abcd1234"
+    other = tmp_path / "fakegpu-12-1"
+    for f in (stale, live, other):
+        f.write_bytes(b"x")
+    assert A.remove_stale_arenas(str(tmp_path)) == [stale.name]
+    assert not stale.exists() and live.exists() and other.exists()

@@ -21,9 +21,10 @@ log = logging.getLogger("fakegpu.coordinator")
 
 MAGIC = 0x52414746            # the bytes "F" "G" "A" "R" read as a little-endian u32
 LAYOUT_VERSION = 1
-HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, pending, reserved
+HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, pending, closing
 OFF_FAILED = 12
 OFF_PENDING = 24
+OFF_CLOSING = 28
 RECORDS_AT = 4096              # rank r's 256-byte record at RECORDS_AT + 256 * r
 RECORD_BYTES = 256
 PAGE = 4096
@@ -83,6 +84,13 @@ class Arena:
         self.pending = count
         _U32.pack_into(self.map, OFF_PENDING, count)
 
+    def set_closing(self) -> None:
+        """The coordinator is stopping: no call starts in the arena any more, and members
+        waiting at a call's first barrier take it to the coordinator, so every call that
+        completes in the arena from now on is one the ranks will still report."""
+        if not self.closed:
+            _U32.pack_into(self.map, OFF_CLOSING, 1)
+
     def set_failed(self, rank: int) -> None:
         """Record that comm rank ``rank`` left. The first one wins: ranks waiting in the barrier
         report the member that broke the communicator, not the last one to leave."""
@@ -141,3 +149,33 @@ def create_arena(comm_id: int, nranks: int, slot_bytes: int, directory: str = "/
 # (comm_id, nranks, slot_bytes) -> Arena; raises OSError on failure. Core takes one so tests
 # can place arenas elsewhere or make creation fail.
 ArenaFactory = Callable[[int, int, int], Arena]
+
+
+def remove_stale_arenas(directory: str = "/dev/shm") -> list[str]:
+    """Unlink the arena files of coordinators that no longer run (one killed with SIGKILL
+    cannot clean up). The owner's pid is in the name; files of live processes are kept."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if not name.startswith("fakegpu-arena-") or len(parts) < 4 or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        try:
+            os.kill(pid, 0)
+            continue                      # still running (or not ours to signal): keep
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass
+    if removed:
+        log.info("removed %d arena file(s) left by coordinators that died: %s", len(removed), ", ".join(removed))
+    return removed

@@ -1147,6 +1147,13 @@ class Core:
                     + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
         self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
 
+    def close_arenas(self) -> bool:
+        """Stopping: raise ``closing`` in every arena; True when there was one (the caller then
+        keeps reading LOCAL_OPS for a moment before it writes the reports)."""
+        for arena in self.arenas.values():
+            arena.set_closing()
+        return bool(self.arenas)
+
     def _close_arena(self, comm_id: int) -> None:
         arena = self.arenas.pop(comm_id, None)
         if arena is not None:

@@ -27,9 +27,14 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu.coordinator import core as C
+from fakegpu.coordinator.arena import remove_stale_arenas
 from fakegpu.env import is_loopback_host
 
 log = logging.getLogger("fakegpu.coordinator")
+
+# How long a signalled coordinator keeps reading before it writes the reports, when arenas
+# exist (see serve()): a few of the shim's 50 ms LOCAL_OPS flush periods.
+LOCAL_OPS_GRACE_S = 0.3
 
 UNIX_PATH_MAX = 107
 SOCKET_BUFFER_BYTES = 4 << 20
@@ -356,6 +361,8 @@ class CoordinatorServer:
         loop = asyncio.get_running_loop()
         if self._stop is None:
             self._stop = asyncio.Event()
+        if self.core.local_collectives:
+            remove_stale_arenas()
         if self.transport_name == "unix":
             path = self._prepare_unix_path(self.address)
             try:
@@ -428,6 +435,10 @@ class CoordinatorServer:
         reporter = loop.create_task(self._report_loop()) if self.report_interval_s else None
         try:
             await self._stop.wait()
+            if self.core.close_arenas():
+                # No call starts in an arena any more; the ranks send the ones they ran in batches,
+                # at least every 50 ms: keep reading a moment so that the reports hold them all.
+                await asyncio.sleep(LOCAL_OPS_GRACE_S)
         finally:
             ticker.cancel()
             if reporter is not None:

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -55,9 +56,11 @@ struct ncclComm {
   std::atomic<bool> aborted{false};
   std::atomic<bool> suspended{false};
 
-  // Host-local collectives: 0 not asked yet, 1 arena mapped (`local`), 2 refused.
+  // Host-local collectives: 0 not asked yet, 1 arena mapped (`local`), 2 refused or released.
+  // `local` is read and replaced with std::atomic_load/atomic_exchange (an abort on another
+  // thread may release it while a call runs; the call keeps its own reference).
   std::atomic<int> local_status{0};
-  fakegpu::local::CommState* local = nullptr;
+  std::shared_ptr<fakegpu::local::CommState> local;
 
   std::mutex mu;           // guards redops and last_error
   std::vector<fakegpu::PreMulSumOp> redops;

@@ -139,7 +139,8 @@ Arena::Outcome Arena::barrier(std::chrono::steady_clock::time_point deadline, co
     uint64_t now_w = sync().load(std::memory_order_acquire);
     if ((now_w >> 32) != gen) return kMet;
     if ((now_w & kLow) == kBrokenCount) return kBroken;
-    if (failed_rank_plus_one() != 0 || (first && pending() != 0) || std::chrono::steady_clock::now() >= deadline ||
+    if (failed_rank_plus_one() != 0 || (first && (pending() != 0 || closing())) ||
+        std::chrono::steady_clock::now() >= deadline ||
         give_up()) {
       if (leave(gen, first)) return kMet;
       return first ? kWithdrawn : kBroken;

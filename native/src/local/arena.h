@@ -52,10 +52,11 @@ class Arena {
   // this communicator wait at the coordinator for members right now.
   uint32_t failed_rank_plus_one() const { return load32(12); }
   uint32_t pending() const { return load32(24); }
+  bool closing() const { return load32(28) != 0; }  // the coordinator is stopping
   bool broken() const { return (sync().load(std::memory_order_acquire) & 0xFFFFFFFFu) == kBrokenCount; }
   // True when a call may start here: no member left, nothing waiting at the coordinator (the
   // members must not split between the two paths), the arena not given up.
-  bool usable() const { return failed_rank_plus_one() == 0 && pending() == 0 && !broken(); }
+  bool usable() const { return failed_rank_plus_one() == 0 && pending() == 0 && !closing() && !broken(); }
 
   enum Outcome {
     kMet,        // every member arrived

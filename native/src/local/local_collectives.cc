@@ -1,6 +1,8 @@
 #include "local_collectives.h"
 
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <condition_variable>
+#include <thread>
 #include <vector>
 
 #include "../last_error.h"
@@ -23,7 +27,6 @@ namespace fakegpu::local {
 struct CommState {
   std::unique_ptr<Arena> arena;
   proto::LocalOps batch;                  // rank 0 only: calls not yet told to the coordinator
-  std::chrono::steady_clock::time_point oldest;  // when the oldest unflushed call ran
 };
 
 namespace {
@@ -31,13 +34,24 @@ namespace {
 // Up to this many bytes per rank every member reduces the whole round itself (no second
 // barrier); above it each member reduces a slice into the shared output slot.
 constexpr uint64_t kDirectReduceBytes = 64 << 10;
-// A batch goes to the coordinator once it holds this many calls or its oldest call is this old.
+// Rank 0's records reach the coordinator within kFlushPeriod (a background thread sends them),
+// or as soon as kBatchRecords piled up, or before any other request of this process.
 constexpr size_t kBatchRecords = 256;
-constexpr auto kBatchAge = std::chrono::milliseconds(250);
+constexpr auto kFlushPeriod = std::chrono::milliseconds(50);
 
-std::mutex g_mu;                    // guards g_dirty and every batch
-std::vector<ncclComm*> g_dirty;     // communicators with a non-empty batch
-bool g_atexit_registered = false;
+// Batches of this process. Heap objects that are never destroyed: the flusher thread may still
+// wait on them while the process exits.
+struct Batches {
+  std::mutex mu;                                   // guards dirty and every batch
+  std::condition_variable cv;                      // a batch became non-empty
+  std::vector<std::shared_ptr<CommState>> dirty;   // communicators with records to send
+  bool flusher_started = false, atexit_registered = false;
+  pid_t owner = 0;                                 // the process the records belong to
+};
+Batches& batches() {
+  static Batches* b = new Batches();
+  return *b;
+}
 
 double wall_now() {
   timespec ts;
@@ -58,9 +72,8 @@ bool same_call(const uint8_t* a, const uint8_t* b) {
   return memcmp(a + 8, b + 8, 3) == 0 && memcmp(a + 12, b + 12, 4) == 0 && memcmp(a + 16, b + 16, 8) == 0;
 }
 
-void send_batch_locked(Client* client, ncclComm* comm) {
-  CommState* st = comm->local;
-  if (!st || st->batch.records.empty()) return;
+void send_batch_locked(Client* client, CommState* st) {
+  if (st->batch.records.empty()) return;
   std::vector<uint8_t> body;
   proto::Writer w(&body);
   proto::encode(w, st->batch);
@@ -69,15 +82,76 @@ void send_batch_locked(Client* client, ncclComm* comm) {
   client->post(proto::kLocalOps, &iov, 1);  // a lost connection shows up on the next request
 }
 
+// Sends every batch; the caller holds batches().mu. Records of another process (a fork
+// inherited them) are dropped: they belong to the parent.
+void send_all_locked(Client* client) {
+  Batches& b = batches();
+  if (b.owner != getpid()) {
+    for (auto& st : b.dirty) st->batch.records.clear();
+  } else {
+    for (auto& st : b.dirty) send_batch_locked(client, st.get());
+  }
+  b.dirty.clear();
+}
+
 void flush_at_exit() {
+  Batches& b = batches();
+  std::lock_guard<std::mutex> lk(b.mu);
+  if (b.dirty.empty() || b.owner != getpid()) return;
   Client* client;
-  if (Client::get(&client) == ncclSuccess) flush(client);
+  if (Client::get(&client) == ncclSuccess) send_all_locked(client);
+}
+
+// Sends what piled up every kFlushPeriod, so that a coordinator stopped mid-job (SIGTERM) still
+// learns of the calls that completed. Detached: it never has to be joined at exit.
+void flusher_loop() {
+  Batches& b = batches();
+  std::unique_lock<std::mutex> lk(b.mu);
+  for (;;) {
+    b.cv.wait(lk, [&] { return !b.dirty.empty(); });
+    b.cv.wait_for(lk, kFlushPeriod);
+    if (b.dirty.empty() || b.owner != getpid()) continue;
+    Client* client;
+    if (Client::get(&client) == ncclSuccess) send_all_locked(client);
+  }
+}
+
+void note_record(Client* client, const std::shared_ptr<CommState>& st, proto::LocalOpRecord&& rec) {
+  Batches& b = batches();
+  std::lock_guard<std::mutex> lk(b.mu);
+  if (b.owner != getpid()) {  // first record of this process (or of a forked child)
+    b.owner = getpid();
+    b.dirty.clear();
+    b.flusher_started = false;  // a fork does not copy the parent's threads
+  }
+  if (st->batch.records.empty()) {
+    b.dirty.push_back(st);
+    b.cv.notify_one();
+  }
+  if (!b.atexit_registered) {
+    b.atexit_registered = true;
+    atexit(flush_at_exit);
+  }
+  if (!b.flusher_started) {
+    b.flusher_started = true;
+    std::thread(flusher_loop).detach();
+    static bool at_fork = false;
+    if (!at_fork) {  // a fork while the flusher holds the lock must not leave it locked in the child
+      at_fork = true;
+      pthread_atfork([] { batches().mu.lock(); }, [] { batches().mu.unlock(); }, [] { batches().mu.unlock(); });
+    }
+  }
+  st->batch.records.push_back(std::move(rec));
+  if (st->batch.records.size() >= kBatchRecords) {
+    send_batch_locked(client, st.get());
+    b.dirty.erase(std::remove(b.dirty.begin(), b.dirty.end(), st), b.dirty.end());
+  }
 }
 
 // Maps the communicator's arena on first use (one ARENA request); nullptr when refused.
-CommState* state_for(Client* client, ncclComm* comm) {
+std::shared_ptr<CommState> state_for(Client* client, ncclComm* comm) {
   int status = comm->local_status.load(std::memory_order_acquire);
-  if (status == 1) return comm->local;
+  if (status == 1) return std::atomic_load(&comm->local);
   if (status == 2) return nullptr;
   std::vector<uint8_t> body;
   proto::Writer w(&body);
@@ -102,11 +176,11 @@ CommState* state_for(Client* client, ncclComm* comm) {
     comm->local_status.store(2, std::memory_order_release);
     return nullptr;
   }
-  auto* st = new CommState();
+  auto st = std::make_shared<CommState>();
   st->arena = std::move(arena);
   st->batch.comm_handle = comm->handle;
   st->batch.nranks = static_cast<uint32_t>(comm->nranks);
-  comm->local = st;
+  std::atomic_store(&comm->local, st);
   comm->local_status.store(1, std::memory_order_release);
   return st;
 }
@@ -200,7 +274,8 @@ bool try_run(Client* client, const CollCall& c, ncclResult_t* rc) {
   if (comm->nranks < 2 || (rooted(c.kind) && (c.root < 0 || c.root >= comm->nranks))) return false;
   const size_t s = datatype_size(c.datatype);
   if (s == 0 || c.redop > 5) return false;  // the coordinator names the bad argument
-  CommState* st = state_for(client, comm);
+  // Held for the whole call: an abort from another thread may release the comm meanwhile.
+  std::shared_ptr<CommState> st = state_for(client, comm);
   // A dead coordinator must stop the job as before (ncclSystemError), not go unnoticed here.
   if (!st || !st->arena->usable() || !client->connection_alive()) return false;
   Arena& a = *st->arena;
@@ -304,42 +379,31 @@ bool try_run(Client* client, const CollCall& c, ncclResult_t* rc) {
     rec.execution_s = std::max(0.0, wall_now() - last_arrival);
     rec.arrival_wait_s.resize(n);
     for (int r = 0; r < n; r++) rec.arrival_wait_s[r] = last_arrival - arrivals[r];
-    std::lock_guard<std::mutex> lk(g_mu);
-    if (st->batch.records.empty()) {
-      st->oldest = std::chrono::steady_clock::now();
-      g_dirty.push_back(comm);
-      if (!g_atexit_registered) {
-        g_atexit_registered = true;
-        atexit(flush_at_exit);
-      }
-    }
-    st->batch.records.push_back(std::move(rec));
-    if (st->batch.records.size() >= kBatchRecords || std::chrono::steady_clock::now() - st->oldest >= kBatchAge) {
-      send_batch_locked(client, comm);
-      g_dirty.erase(std::remove(g_dirty.begin(), g_dirty.end(), comm), g_dirty.end());
-    }
+    note_record(client, st, std::move(rec));
   }
   *rc = ncclSuccess;
   return true;
 }
 
 void flush(Client* client) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  for (ncclComm* comm : g_dirty) send_batch_locked(client, comm);
-  g_dirty.clear();
+  Batches& b = batches();
+  std::lock_guard<std::mutex> lk(b.mu);
+  if (!b.dirty.empty()) send_all_locked(client);
 }
 
 void release(Client* client, ncclComm* comm) {
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    if (std::find(g_dirty.begin(), g_dirty.end(), comm) != g_dirty.end()) {
-      send_batch_locked(client, comm);
-      g_dirty.erase(std::remove(g_dirty.begin(), g_dirty.end(), comm), g_dirty.end());
-    }
-  }
-  delete comm->local;
-  comm->local = nullptr;
+  std::shared_ptr<CommState> st = std::atomic_exchange(&comm->local, std::shared_ptr<CommState>());
   comm->local_status.store(2, std::memory_order_release);
+  if (!st) return;
+  Batches& b = batches();
+  std::lock_guard<std::mutex> lk(b.mu);
+  auto it = std::find(b.dirty.begin(), b.dirty.end(), st);
+  if (it != b.dirty.end()) {
+    if (b.owner == getpid()) send_batch_locked(client, st.get());
+    else st->batch.records.clear();
+    b.dirty.erase(it);
+  }
+  // The arena is unmapped when the last holder (a call still running on another thread) lets go.
 }
 
 }  // namespace fakegpu::local
