@@ -34,6 +34,9 @@ namespace {
 // Up to this many bytes per rank every member reduces the whole round itself (no second
 // barrier); above it each member reduces a slice into the shared output slot.
 constexpr uint64_t kDirectReduceBytes = 64 << 10;
+// How long the members of a call wait for each other in the arena before they take the call to
+// the coordinator (see try_run).
+constexpr auto kArenaPatience = std::chrono::seconds(5);
 // Rank 0's records reach the coordinator within kFlushPeriod (a background thread sends them),
 // or as soon as kBatchRecords piled up, or before any other request of this process.
 constexpr size_t kBatchRecords = 256;
@@ -313,7 +316,12 @@ bool try_run(Client* client, const CollCall& c, ncclResult_t* rc) {
   encode_step_desc(c, whole, mine->desc);
   mine->round = rd.round;
   mine->arrival = wall_now();
-  if (a.barrier(deadline_from_now(client), give_up, true) != Arena::kMet) return false;
+  // A member that is late by more than kArenaPatience is waited for at the coordinator instead
+  // (its skew then shows in the report like any other call's); the coordinator's own timeout
+  // still applies there.
+  const auto patience = std::min<std::chrono::steady_clock::duration>(
+      kArenaPatience, std::chrono::milliseconds(client->timeout_ms()));
+  if (a.barrier(std::chrono::steady_clock::now() + patience, give_up, true) != Arena::kMet) return false;
   for (int r = 0; r < n; r++) {
     const RankRecord* rec = a.record(rd.round, r);
     // A disagreement: every member sees the same records and hands the call to the
