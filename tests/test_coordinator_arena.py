@@ -200,9 +200,9 @@ def test_grant_is_one_file_with_the_documented_header(make):
 
 
 def test_slot_size_rules():
-    assert A.slot_bytes_for(4, 32 << 20) == 4 << 20                       # min(4 MiB, 256 MiB / 10)
-    assert A.slot_bytes_for(63, 32 << 20) == (256 << 20) // 128            # 2 MiB: the budget binds
-    assert A.slot_bytes_for(100, 32 << 20) == ((256 << 20) // 202) // 4096 * 4096
+    assert A.slot_bytes_for(4, 32 << 20) == 1 << 20                       # min(1 MiB, 256 MiB / 10)
+    assert A.slot_bytes_for(127, 32 << 20) == 1 << 20                     # 256 MiB / 256: still 1 MiB
+    assert A.slot_bytes_for(200, 32 << 20) == ((256 << 20) // 402) // 4096 * 4096   # the budget binds
     assert A.slot_bytes_for(4, 10000) == 8192                              # staging caps it, page multiple
     assert A.slot_bytes_for(4, 4096) == 4096
     assert A.slot_bytes_for(4, 32 << 20, override=12345) == 12288

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rendezvous/operation timeout (FAKEGPU_COORDINATOR_TIMEOUT_MS, default 600000)")
     p.add_argument("--local-slot-bytes", metavar="SIZE",
                    help="slot size of host-local collective arenas (FAKEGPU_LOCAL_SLOT_BYTES; default "
-                        "min(4 MiB, 128 MiB / (nranks + 1)))")
+                        "min(1 MiB, 128 MiB / (nranks + 1)))")
     p.add_argument("--max-staging-bytes", metavar="SIZE", default="256MiB",
                    help="largest staging region granted to a client (default 256MiB)")
     auth = p.add_mutually_exclusive_group()

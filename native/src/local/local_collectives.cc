@@ -32,8 +32,10 @@ struct CommState {
 namespace {
 
 // Up to this many bytes per rank every member reduces the whole round itself (no second
-// barrier); above it each member reduces a slice into the shared output slot.
-constexpr uint64_t kDirectReduceBytes = 64 << 10;
+// barrier); above it each member reduces a slice into the shared output slot. Measured on 2
+// cores, 4 ranks: 256 KiB direct 0.25-0.3 ms vs sliced 0.45 ms; 1 MiB direct 0.75-0.9 ms vs
+// sliced 0.4-0.6 ms.
+constexpr uint64_t kDirectReduceBytes = 256 << 10;
 // How long the members of a call wait for each other in the arena before they take the call to
 // the coordinator (see try_run).
 constexpr auto kArenaPatience = std::chrono::seconds(5);
