@@ -25,6 +25,8 @@ from fakegpu.coordinator import arena as A
 from fakegpu.coordinator import core as C
 from fakegpu.coordinator.faults import FaultPlan, parse_fault_env
 
+from test_coordinator_core import Harness as CoreHarness, shm_factory
+
 REPO = Path(__file__).resolve().parents[1]
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 F32 = 7
@@ -53,54 +55,21 @@ class Recorder:
         self.ops.append(op)
 
 
-def shm_factory(hello, S):
-    return np.zeros(2 * S, dtype=np.uint8), True
-
-
 def socket_factory(hello, S):
     return np.zeros(2 * S, dtype=np.uint8), False
 
 
-class Harness:
-    """A Core fed encoded frames; replies decoded per connection."""
+class Harness(CoreHarness):
+    """test_coordinator_core's harness, with local collectives on and arenas in ``arena_dir``."""
 
     def __init__(self, arena_dir, **kw):
-        kw.setdefault("timeout_ms", 5000)
         kw.setdefault("faults", FaultPlan([]))
         kw.setdefault("local_collectives", True)
         kw.setdefault("arena_factory", functools.partial(A.create_arena, directory=arena_dir))
-        self.core = C.Core(clock=lambda: 1000.0, wall=lambda: 1.7e9, **kw)
-        self.inbox: dict = {}
-        self.closed: dict = {}
-        self._rid = 100
-
-    def send(self, conn, msg, rid=None, factory=shm_factory):
-        if rid is None:
-            self._rid += 1
-            rid = self._rid
-        for f in P.FrameParser(1 << 40).feed(P.encode_frame(msg, rid)):
-            self.apply(self.core.on_frame(conn, f, "unix", factory))
-        return rid
+        super().__init__(**kw)
 
     def send_raw(self, conn, msg_type, body, rid=0):
-        frame = P.Frame(msg_type, rid, body)
-        self.apply(self.core.on_frame(conn, frame, "unix", shm_factory))
-
-    def apply(self, actions):
-        for kind, conn, data in actions:
-            if kind == C.SEND:
-                raw = data if isinstance(data, bytes) else b"".join(bytes(memoryview(p)) for p in data)
-                for f in P.FrameParser(1 << 40).feed(raw):
-                    self.inbox.setdefault(conn, []).append((f.request_id, P.decode_body(f.msg_type, f.body)))
-            elif kind == C.CLOSE:
-                self.closed[conn] = data
-
-    def reply(self, conn, rid):
-        for i, (r, m) in enumerate(self.inbox.get(conn, [])):
-            if r == rid:
-                del self.inbox[conn][i]
-                return m
-        return None
+        self._apply(self.core.on_frame(conn, P.Frame(msg_type, rid, body), "unix", shm_factory))
 
     def hello(self, conn, rank=-1, flags=P.HELLO_FLAG_SHM | P.HELLO_FLAG_LOCAL, factory=shm_factory,
               staging=1 << 16):
@@ -109,15 +78,10 @@ class Harness:
         return self.reply(conn, rid)
 
     def init(self, conns, ranks=None, uid=b"a" * 128):
-        ranks = list(range(len(conns))) if ranks is None else ranks
-        rids = [self.send(c, P.CommInit(uid, len(conns), r, "w")) for c, r in zip(conns, ranks)]
-        return [self.reply(c, rid).comm_handle for c, rid in zip(conns, rids)]
+        return [info.comm_handle for info in super().init(conns, uid=uid, ranks=ranks, name="w")]
 
     def arena(self, conn, handle):
         return self.reply(conn, self.send(conn, P.ArenaRequest(handle)))
-
-    def disconnect(self, conn):
-        self.apply(self.core.disconnect(conn, "test"))
 
 
 @pytest.fixture
@@ -333,7 +297,7 @@ def test_pending_drops_when_the_waiting_collective_times_out(make):
     handles, path = _granted(h)
     h.send(0, _group(handles[0]))
     assert read_header(path)[5] == 1
-    h.apply(h.core.tick(1000.0 + h.core.timeout_s + 1))
+    h.tick(h.core.timeout_s + 1)
     assert read_header(path)[5] == 0
 
 
