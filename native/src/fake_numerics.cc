@@ -190,7 +190,18 @@ void reduce_int(int redop, const void* in_v, void* out_v, uint64_t count, int n,
 
 }  // namespace
 
-float half_to_float(uint16_t h) { return decode(kHalf, h); }
+float half_to_float(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
+    // NaN: numpy's float16 -> float32 cast keeps the sign and the payload bits (signalling
+    // NaNs included), so NaN results carry the same bits as the coordinator's.
+    const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
+                          (static_cast<uint32_t>(h & 0x3ffu) << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+  }
+  return decode(kHalf, h);
+}
 uint16_t float_to_half(float f) { return static_cast<uint16_t>(encode(kHalf, f)); }
 float fp8e4m3_to_float(uint8_t v) { return decode(kE4M3, v); }
 uint8_t float_to_fp8e4m3(float f) { return static_cast<uint8_t>(encode(kE4M3, f)); }
@@ -207,7 +218,8 @@ float bf16_to_float(uint16_t b) {
 uint16_t float_to_bf16(float f) {
   uint32_t bits;
   memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
+  // NaN: ml_dtypes writes the quiet NaN 0x7fc0 with the sign, whatever the payload.
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
   bits += 0x7fffu + ((bits >> 16) & 1);
   return static_cast<uint16_t>(bits >> 16);
 }

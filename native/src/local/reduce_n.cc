@@ -86,20 +86,8 @@ const float* build_table(Fill fill) {
 }
 
 const float* f16_table() {
-  static const float* table = build_table<65536>([](uint32_t v) {
-    const uint16_t h = static_cast<uint16_t>(v);
-    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
-      // NaN: numpy's float16 -> float32 cast (which builds numerics.py's table) keeps the
-      // sign and payload bits, signalling NaNs included; half_to_float returns the default
-      // NaN, which would change the payload of NaN results.
-      const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
-                            (static_cast<uint32_t>(h & 0x3ffu) << 13);
-      float f;
-      memcpy(&f, &bits, 4);
-      return f;
-    }
-    return num::half_to_float(h);
-  });
+  static const float* table =
+      build_table<65536>([](uint32_t v) { return num::half_to_float(static_cast<uint16_t>(v)); });
   return table;
 }
 
@@ -127,12 +115,10 @@ struct StoreF16 {
 };
 struct StoreBF16 {
   static uint16_t store(float f) {
-    // ml_dtypes turns every NaN into the quiet NaN 0x7fc0 with its sign; float_to_bf16 keeps
-    // the top payload bits, so NaNs are handled here.
+    // float_to_bf16's rules (ml_dtypes' NaN, round to nearest even), inline: once per element.
     uint32_t bits;
     memcpy(&bits, &f, 4);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
-    // Round to nearest even, inline (float_to_bf16's rule; this runs once per element).
     bits += 0x7fffu + ((bits >> 16) & 1);
     return static_cast<uint16_t>(bits >> 16);
   }
