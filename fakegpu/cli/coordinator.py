@@ -181,7 +181,9 @@ def _serve(ns, env) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         reason = "interrupted"
     write_reports(reason)
-    print(f"fakegpu coordinator stopped: {reason}", file=sys.stderr, flush=True)
+    local = (f"; {core.n_local_ops} of {core.n_ops} calls ran host-local in {core.n_arenas} arena(s)"
+             if core.n_arenas else "")
+    print(f"fakegpu coordinator stopped: {reason}{local}", file=sys.stderr, flush=True)
     return 0
 
 
