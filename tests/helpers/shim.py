@@ -39,4 +39,4 @@ def build_shim(build_dir: Path, timeout_s: float = 900) -> str:
     library = build_dir / LIB_NAME
     if not library.is_file():
         raise RuntimeError(f"the shim build finished but {library} does not exist")
-    return str(library)
+    return str(library.resolve())  # like locate_shim: the file itself, not the SONAME link
