@@ -293,3 +293,18 @@ def test_premulsum_over_many_ranks(reduce_n, code):
     else:
         sc = premul_scalars(dt, n, rng)
     assert_same_bits(reduce_n(dt, PREMUL, xs, sc), coordinator_result(dt, PREMUL, xs, sc), f"{dt.name} n={n}")
+
+
+def test_float16_rounding_of_a_million_random_sums_matches_numpy(reduce_n):
+    # Sums of two float16 values cover normal, subnormal, overflowing and exactly-halfway float32
+    # results; numpy's float32 -> float16 cast is the reference for the final rounding.
+    f16 = N.DTYPES[6]
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 16, size=(2, 1 << 20), dtype=np.uint32).astype(np.uint16)
+    a, b = bits[0].view(np.float16), bits[1].view(np.float16)
+    with np.errstate(all="ignore"):
+        want = (a.astype(np.float32) + b.astype(np.float32)).astype(np.float16)
+    got = reduce_n(f16, SUM, [a, b])
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all()
+    assert_same_bits(got[~nan], want[~nan], "float16 sums")
