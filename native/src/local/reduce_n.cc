@@ -85,29 +85,17 @@ const float* build_table(Fill fill) {
   return t->v;
 }
 
-const float* f16_table() {
-  static const float* table =
-      build_table<65536>([](uint32_t v) { return num::half_to_float(static_cast<uint16_t>(v)); });
+// float32 value of every bit pattern of a narrow type, built once, on first use.
+template <class Bits, float (*Decode)(Bits)>
+const float* decode_table() {
+  static const float* table = build_table<(size_t{1} << (8 * sizeof(Bits)))>(
+      [](uint32_t v) { return Decode(static_cast<Bits>(v)); });
   return table;
 }
-
-const float* bf16_table() {
-  static const float* table =
-      build_table<65536>([](uint32_t v) { return num::bf16_to_float(static_cast<uint16_t>(v)); });
-  return table;
-}
-
-const float* e4m3_table() {
-  static const float* table =
-      build_table<256>([](uint32_t v) { return num::fp8e4m3_to_float(static_cast<uint8_t>(v)); });
-  return table;
-}
-
-const float* e5m2_table() {
-  static const float* table =
-      build_table<256>([](uint32_t v) { return num::fp8e5m2_to_float(static_cast<uint8_t>(v)); });
-  return table;
-}
+const float* f16_table() { return decode_table<uint16_t, num::half_to_float>(); }
+const float* bf16_table() { return decode_table<uint16_t, num::bf16_to_float>(); }
+const float* e4m3_table() { return decode_table<uint8_t, num::fp8e4m3_to_float>(); }
+const float* e5m2_table() { return decode_table<uint8_t, num::fp8e5m2_to_float>(); }
 
 // ---- float32 accumulator -> narrow storage, rounded once -------------------------------------
 // numpy's float32 -> float16 conversion (npy_floatbits_to_halfbits), inline: it runs once per
