@@ -149,19 +149,21 @@ struct StoreE5M2 {
 // One pass over a block: o = ((t(x0) op t(x1)) op t(x2)) op t(x3) for the first g (1..4)
 // inputs, where t widens and, for PreMulSum, multiplies by the rank's scalar. The __restrict
 // pointers (out never overlaps an input; inputs are only read) let the compiler vectorize.
+// One input element in the accumulator type; for PreMulSum times its rank's scalar.
+template <class Codec, bool kPremul>
+inline typename Codec::Acc widen(const Codec& c, typename Codec::Src x, typename Codec::Acc s) {
+  const typename Codec::Acc v = c.load(x);
+  if constexpr (kPremul) return static_cast<typename Codec::Acc>(v * s);
+  else return v;
+}
+
 template <class Codec, class Op, bool kPremul>
 inline void first_pass(const Codec& c, int g, typename Codec::Acc* __restrict o,
                        const typename Codec::Src* __restrict x0, const typename Codec::Src* __restrict x1,
                        const typename Codec::Src* __restrict x2, const typename Codec::Src* __restrict x3,
                        size_t m, typename Codec::Acc s0, typename Codec::Acc s1, typename Codec::Acc s2,
                        typename Codec::Acc s3) {
-  using A = typename Codec::Acc;
-  using S = typename Codec::Src;
-  auto t = [&c](S x, A s) -> A {
-    const A v = c.load(x);
-    if constexpr (kPremul) return static_cast<A>(v * s);
-    else return v;
-  };
+  auto t = [&c](typename Codec::Src x, typename Codec::Acc s) { return widen<Codec, kPremul>(c, x, s); };
   switch (g) {
     case 1:
       for (size_t i = 0; i < m; i++) o[i] = t(x0[i], s0);
@@ -185,13 +187,7 @@ inline void later_pass(const Codec& c, int k, typename Codec::Acc* __restrict o,
                        const typename Codec::Src* __restrict x0, const typename Codec::Src* __restrict x1,
                        const typename Codec::Src* __restrict x2, size_t m, typename Codec::Acc s0,
                        typename Codec::Acc s1, typename Codec::Acc s2) {
-  using A = typename Codec::Acc;
-  using S = typename Codec::Src;
-  auto t = [&c](S x, A s) -> A {
-    const A v = c.load(x);
-    if constexpr (kPremul) return static_cast<A>(v * s);
-    else return v;
-  };
+  auto t = [&c](typename Codec::Src x, typename Codec::Acc s) { return widen<Codec, kPremul>(c, x, s); };
   switch (k) {
     case 1:
       for (size_t i = 0; i < m; i++) o[i] = Op::apply(o[i], t(x0[i], s0));
