@@ -263,6 +263,31 @@ print(json.dumps(bad))
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+def test_nan_payloads_come_out_as_numpy_and_ml_dtypes_give_them(shim_library, tmp_path):
+    """Quiet NaNs with payload bits through a symmetric sum: float16 keeps its payload (numpy's
+    casts), bfloat16 becomes 0x7fc0 with its sign (ml_dtypes), as the coordinator computes."""
+    script = r"""
+import json
+import numpy as np, ml_dtypes
+from fakegpu.nccl import Nccl
+from fakegpu.fake import semantics as S
+nccl = Nccl()
+comm = nccl.comm_init_rank(2, nccl.get_unique_id(), 0)
+out = {}
+for dt, patterns in ((np.float16, [0x7e01, 0xfe55, 0x7fff]), (ml_dtypes.bfloat16, [0x7fc1, 0xffd5, 0x7fff])):
+    x = np.array(patterns, dtype=np.uint16).view(dt)
+    got = np.zeros_like(x)
+    comm.all_reduce(x, got, x.size, dt, "sum")
+    out[np.dtype(dt).name] = [got.view(np.uint16).tolist(), S.all_reduce(x, 2, "sum").view(np.uint16).tolist()]
+print(json.dumps(out))
+"""
+    done = _run(script, _env(shim_library, NGPU=4, FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["float16"][0] == out["float16"][1] == [0x7e01, 0xfe55, 0x7fff]
+    assert out["bfloat16"][0] == out["bfloat16"][1] == [0x7fc0, 0xffc0, 0x7fc0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Launch contract
 

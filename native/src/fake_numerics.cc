@@ -86,8 +86,8 @@ uint32_t encode(const Minifloat& f, float x) {
 // ---- element access ------------------------------------------------------------------------
 struct F16 {
   using T = uint16_t;
-  static float load(T v) { return decode(kHalf, v); }
-  static T store(float f) { return static_cast<T>(encode(kHalf, f)); }
+  static float load(T v) { return half_to_float(v); }
+  static T store(float f) { return float_to_half(f); }
 };
 struct BF16 {
   using T = uint16_t;
@@ -96,13 +96,13 @@ struct BF16 {
 };
 struct E4M3 {
   using T = uint8_t;
-  static float load(T v) { return decode(kE4M3, v); }
-  static T store(float f) { return static_cast<T>(encode(kE4M3, f)); }
+  static float load(T v) { return fp8e4m3_to_float(v); }
+  static T store(float f) { return float_to_fp8e4m3(f); }
 };
 struct E5M2 {
   using T = uint8_t;
-  static float load(T v) { return decode(kE5M2, v); }
-  static T store(float f) { return static_cast<T>(encode(kE5M2, f)); }
+  static float load(T v) { return fp8e5m2_to_float(v); }
+  static T store(float f) { return float_to_fp8e5m2(f); }
 };
 template <class F>
 struct Plain {
@@ -202,7 +202,6 @@ float half_to_float(uint16_t h) {
   }
   return decode(kHalf, h);
 }
-uint16_t float_to_half(float f) { return static_cast<uint16_t>(encode(kHalf, f)); }
 float fp8e4m3_to_float(uint8_t v) { return decode(kE4M3, v); }
 uint8_t float_to_fp8e4m3(float f) { return static_cast<uint8_t>(encode(kE4M3, f)); }
 float fp8e5m2_to_float(uint8_t v) { return decode(kE5M2, v); }
@@ -215,14 +214,6 @@ float bf16_to_float(uint16_t b) {
   return f;
 }
 
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, 4);
-  // NaN: ml_dtypes writes the quiet NaN 0x7fc0 with the sign, whatever the payload.
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
-  bits += 0x7fffu + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 bool reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64_t count, int n,
                       const void* scalar) {

@@ -98,45 +98,11 @@ const float* e4m3_table() { return decode_table<uint8_t, num::fp8e4m3_to_float>(
 const float* e5m2_table() { return decode_table<uint8_t, num::fp8e5m2_to_float>(); }
 
 // ---- float32 accumulator -> narrow storage, rounded once -------------------------------------
-// numpy's float32 -> float16 conversion (npy_floatbits_to_halfbits), inline: it runs once per
-// element, and the generic minifloat encoder behind float_to_half is several times slower.
 struct StoreF16 {
-  static uint16_t store(float x) {
-    uint32_t f;
-    memcpy(&f, &x, 4);
-    const uint32_t f_exp = f & 0x7f800000u;
-    uint32_t f_sig = f & 0x007fffffu;
-    const uint16_t h_sgn = static_cast<uint16_t>((f & 0x80000000u) >> 16);
-    if (f_exp >= 0x47800000u) {  // overflow to infinity, infinity, or NaN (payload kept)
-      if (f_exp == 0x7f800000u && f_sig != 0) {
-        uint16_t ret = static_cast<uint16_t>(0x7c00u + (f_sig >> 13));
-        if (ret == 0x7c00u) ret++;
-        return static_cast<uint16_t>(h_sgn + ret);
-      }
-      return static_cast<uint16_t>(h_sgn + 0x7c00u);
-    }
-    if (f_exp <= 0x38000000u) {  // subnormal half, or signed zero
-      if (f_exp < 0x33000000u) return h_sgn;
-      const uint32_t e = f_exp >> 23;
-      f_sig = (0x00800000u + (f & 0x007fffffu)) >> (113 - e);
-      // round to nearest even; the shift may have dropped up to 11 set bits, checked in f
-      if ((f_sig & 0x00003fffu) != 0x00001000u || (f & 0x000007ffu)) f_sig += 0x00001000u;
-      return static_cast<uint16_t>(h_sgn + (f_sig >> 13));
-    }
-    const uint16_t h_exp = static_cast<uint16_t>((f_exp - 0x38000000u) >> 13);
-    if ((f_sig & 0x00003fffu) != 0x00001000u) f_sig += 0x00001000u;  // nearest even
-    return static_cast<uint16_t>(h_sgn + h_exp + (f_sig >> 13));  // a carry may reach infinity: right
-  }
+  static uint16_t store(float f) { return num::float_to_half(f); }
 };
 struct StoreBF16 {
-  static uint16_t store(float f) {
-    // float_to_bf16's rules (ml_dtypes' NaN, round to nearest even), inline: once per element.
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7fc0u);
-    bits += 0x7fffu + ((bits >> 16) & 1);
-    return static_cast<uint16_t>(bits >> 16);
-  }
+  static uint16_t store(float f) { return num::float_to_bf16(f); }
 };
 struct StoreE4M3 {
   static uint8_t store(float f) { return num::float_to_fp8e4m3(f); }
