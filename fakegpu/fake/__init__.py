@@ -11,8 +11,7 @@ Submodules are imported on use, so ``import fakegpu.fake`` does not import torch
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fakegpu._lazy import lazy_exports
 
 _EXPORTS = {
     "LaunchContract": "fakegpu.fake.contract",
@@ -27,13 +26,4 @@ _EXPORTS = {
     "CAPTURE_POINTS": "fakegpu.fake.memory",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fakegpu.fake' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

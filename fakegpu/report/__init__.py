@@ -5,8 +5,7 @@ the coordinator's lazy import stay cheap.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fakegpu._lazy import lazy_exports
 
 _EXPORTS = {
     "SCHEMA_VERSION": "fakegpu.report.cluster_report",
@@ -17,13 +16,4 @@ _EXPORTS = {
     "default_markdown_path": "fakegpu.report.writer",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fakegpu.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)
