@@ -4,26 +4,16 @@ a communicator. Faults fire once per coordinator, and fgpu's coordinator outlive
 attempt, so the restarted attempt runs clean and the job finishes."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from fakegpu import launcher
+from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.torch,
-    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
-    pytest.mark.skipif(launcher.torch_autoload_dir() is None, reason="fakegpu.torch ships no autoload hook"),
-]
+pytestmark = TORCH_UNDER_FGPU
 
 SCRIPT = textwrap.dedent("""
     import json, os
@@ -62,28 +52,16 @@ YAML = textwrap.dedent("""
 @pytest.mark.parametrize("source", ["yaml", "env"])
 def test_torchrun_restarts_after_injected_kill_and_finishes(tmp_path, shim_library, source):
     (tmp_path / "train.py").write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    # init waits for torch imports on a loaded box; the kill needs no timeout
+    env = fgpu_env(shim_library, FAKEGPU_COORDINATOR_TIMEOUT_MS="60000")
     if source == "yaml":
         (tmp_path / "cluster.yaml").write_text(YAML)
     else:   # FAKEGPU_FAULTS reaches the coordinator fgpu starts
         (tmp_path / "cluster.yaml").write_text(YAML.split("faults:")[0])
         env["FAKEGPU_FAULTS"] = "kill:rank=1:seq=3"
-    env["FAKEGPU_NCCL_LIBRARY"] = shim_library
-    env["FAKEGPU_COORDINATOR_TIMEOUT_MS"] = "60000"   # init waits for torch imports on a loaded box; the kill needs no timeout
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fakegpu", "run", "--cluster-config", "cluster.yaml", "--report", "run.json", "--",
-         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--max-restarts", "1", "--monitor-interval", "0.2", "train.py"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail("fgpu -- torchrun did not finish within 300 s:\n" + err[-5000:])
-    assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    run_fgpu_torchrun(tmp_path, env, ["--cluster-config", "cluster.yaml", "--report", "run.json"],
+                      ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+                       "train.py"])
     assert (tmp_path / "attempt0-rank1.started").exists()          # the first attempt ran ...
     for rank in range(2):                                          # ... and the second finished
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"attempt": 1, "steps": 6}

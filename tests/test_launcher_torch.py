@@ -2,26 +2,12 @@
 must work without importing fakegpu.torch, because fgpu puts the autoload hook on PYTHONPATH."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-import pytest
+from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun
 
-from fakegpu import launcher
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.torch,
-    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
-    pytest.mark.skipif(launcher.torch_autoload_dir() is None, reason="fakegpu.torch ships no autoload hook"),
-]
+pytestmark = TORCH_UNDER_FGPU
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -56,23 +42,9 @@ YAML = textwrap.dedent("""
 def test_torchrun_under_fgpu_with_backend_name_only(tmp_path, shim_library):
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "cluster.yaml").write_text(YAML)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
-    env["FAKEGPU_NCCL_LIBRARY"] = shim_library
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    # Own process group, so a hang cannot leave torchrun and its workers behind.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fakegpu", "run", "--cluster-config", "cluster.yaml", "--report", "run.json", "--",
-         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--max-restarts", "0", "train.py"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail("fgpu -- torchrun did not finish within 300 s:\n" + err[-5000:])
-    assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    run_fgpu_torchrun(tmp_path, fgpu_env(shim_library),
+                      ["--cluster-config", "cluster.yaml", "--report", "run.json"],
+                      ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "train.py"])
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result == {"ok": True, "backend": "fakegpu"}
