@@ -1,4 +1,4 @@
-"""Sans-I/O codec for the fakegpu wire protocol, version 1 (docs/protocol.md).
+"""Sans-I/O codec for the fakegpu wire protocol, version 2 (docs/protocol.md).
 
 Nothing here touches a socket: messages are plain dataclasses, ``encode_frame`` turns
 one into bytes, ``decode_body`` turns a frame body back into a message, and
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Optional, Sequence, Union
 
 MAGIC = b"FGPU"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size  # 16
-OPDESC_STRUCT = struct.Struct("<QBBBBiQQQQQQ8sII")
-OPDESC_SIZE = OPDESC_STRUCT.size  # 80
-assert HEADER_SIZE == 16 and OPDESC_SIZE == 80
+OPDESC_STRUCT = struct.Struct("<QBBBBiQQQQQQ8sIIII")
+OPDESC_SIZE = OPDESC_STRUCT.size  # 88
+assert HEADER_SIZE == 16 and OPDESC_SIZE == 88
 
 MAX_STR_BYTES = 0xFFFF
 # Frames other than GROUP / GROUP_DONE / SIMULATE / ACCOUNT are small; so are descriptor tables (the
@@ -78,6 +78,8 @@ GROUP_FLAG_PARTIAL = 1
 OP_FLAG_IN_PLACE = 1
 OP_FLAG_FIRST_STEP = 2
 OP_FLAG_LAST_STEP = 4
+# The shim rejected the call's arguments; the op only keeps the rank's place in the order.
+OP_FLAG_REJECTED = 8
 
 # ncclResult_t.
 NCCL_SUCCESS = 0
@@ -249,7 +251,9 @@ class OpDesc:
     out_len: int = 0
     scalar: bytes = bytes(8)
     call_seq: int = 0
-    reserved: int = 0
+    match_seq: int = 1
+    step_index: int = 0
+    step_total: int = 1
 
     def __post_init__(self):
         # The wire carries the scalar left-aligned in 8 bytes; normalise so equal ops compare equal.
@@ -264,7 +268,8 @@ class OpDesc:
         return _pack(OPDESC_STRUCT, "OpDesc", self.comm_handle, self.kind, self.datatype,
                      self.redop, self.flags, self.root, self.total_count, self.step_count,
                      self.in_offset, self.in_len, self.out_offset, self.out_len,
-                     scalar.ljust(8, b"\0"), self.call_seq, self.reserved)
+                     scalar.ljust(8, b"\0"), self.call_seq, self.match_seq,
+                     self.step_index, self.step_total)
 
     @classmethod
     def unpack_from(cls, buf, offset: int = 0) -> "OpDesc":

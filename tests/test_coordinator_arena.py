@@ -157,7 +157,7 @@ def test_grant_is_one_file_with_the_documented_header(make):
     assert os.path.basename(info.path).startswith(f"fakegpu-arena-{os.getpid()}-")
     st = os.stat(info.path)
     assert st.st_size == info.total_bytes and stat.S_IMODE(st.st_mode) == 0o600
-    assert read_header(info.path) == (0x52414746, 1, 3, 0, 1 << 16, 0, 0)
+    assert read_header(info.path) == (0x52414746, A.LAYOUT_VERSION, 3, 0, 1 << 16, 0, 0)
     with open(info.path, "rb") as f:
         data = f.read()
     assert data[:4] == b"FGAR" and data[A.HEADER.size:] == bytes(info.total_bytes - A.HEADER.size)
@@ -269,12 +269,12 @@ def _granted(h, n=3):
     return handles, info.path
 
 
-def _group(handle, kind=P.KIND_ALLREDUCE, count=1, rank=0, n=3):
+def _group(handle, kind=P.KIND_ALLREDUCE, count=1, rank=0, n=3, seq=1):
     size = 4
     in_len = count * size
     out_len = count * size * (n if kind == P.KIND_ALLGATHER else 1)
     return P.Group(ops=(P.OpDesc(comm_handle=handle, kind=kind, datatype=F32, total_count=count, step_count=count,
-                                 in_len=in_len, out_len=out_len),))
+                                 in_len=in_len, out_len=out_len, match_seq=seq),))
 
 
 def test_pending_counts_collectives_waiting_at_the_coordinator(make):
@@ -355,12 +355,13 @@ def test_close_unlinks_every_arena(make):
 
 
 def _record(handle, kind, count, waits, root=-1, redop=P.REDOP_SUM, started=1.7e9 + 1, rendezvous=2e-5,
-            execution=1e-5, n=3, datatype=F32):
+            execution=1e-5, n=3, datatype=F32, seq=1):
     size = 4 if datatype == F32 else 8
     in_len = count * size * (n if kind == P.KIND_REDUCESCATTER else 1)
     out_len = count * size * (n if kind == P.KIND_ALLGATHER else 1)
     return P.LocalOpRecord(P.OpDesc(comm_handle=handle, kind=kind, datatype=datatype, redop=redop, root=root,
-                                    total_count=count, step_count=count, in_len=in_len, out_len=out_len),
+                                    total_count=count, step_count=count, in_len=in_len, out_len=out_len,
+                                    match_seq=seq),
                            started, rendezvous, execution, tuple(waits))
 
 
@@ -370,8 +371,8 @@ def test_local_ops_are_recorded_like_matched_collectives(make):
     handles, _ = _granted(h)              # comm ranks 0..2 are global ranks 10..12
     h.send(0, P.LocalOps(handles[0], 3, (
         _record(handles[0], P.KIND_ALLREDUCE, 4, (2e-5, 0.0, 1e-5)),
-        _record(handles[0], P.KIND_ALLGATHER, 3, (0.0, 5e-6, 1e-6), started=1.7e9 + 2, rendezvous=5e-6),
-        _record(handles[0], P.KIND_BROADCAST, 2, (0.0, 0.0, 0.0), root=2, datatype=8),
+        _record(handles[0], P.KIND_ALLGATHER, 3, (0.0, 5e-6, 1e-6), started=1.7e9 + 2, rendezvous=5e-6, seq=2),
+        _record(handles[0], P.KIND_BROADCAST, 2, (0.0, 0.0, 0.0), root=2, datatype=8, seq=3),
     )), rid=0)
     assert not h.inbox.get(0) and not h.closed          # never answered
     assert [(o.kind, o.count, o.logical_bytes, o.seq) for o in rec.ops] == [
@@ -384,7 +385,7 @@ def test_local_ops_are_recorded_like_matched_collectives(make):
     assert rec.ops[1].redop is None and rec.ops[2].root == 2 and rec.ops[2].elem_size == 8
     assert h.core.n_ops == 3
     # A collective through the coordinator afterwards continues the communicator's seq.
-    rids = [h.send(c, _group(handles[c])) for c in range(3)]
+    rids = [h.send(c, _group(handles[c], seq=4)) for c in range(3)]
     assert all(isinstance(h.reply(c, r), P.GroupDone) for c, r in zip(range(3), rids))
     assert rec.ops[-1].seq == 3 and rec.ops[-1].kind == "AllReduce"
 
@@ -396,7 +397,7 @@ def test_local_ops_seq_follows_earlier_coordinator_collectives(make):
     rids = [h.send(c, _group(handles[c], n=2)) for c in range(2)]
     assert all(isinstance(h.reply(c, r), P.GroupDone) for c, r in zip(range(2), rids))
     assert h.arena(0, handles[0]).granted == 1
-    h.send(0, P.LocalOps(handles[0], 2, (_record(handles[0], P.KIND_REDUCE, 1, (0, 0), root=1, n=2),)))
+    h.send(0, P.LocalOps(handles[0], 2, (_record(handles[0], P.KIND_REDUCE, 1, (0, 0), root=1, n=2, seq=2),)))
     assert [(o.kind, o.seq) for o in rec.ops] == [("AllReduce", 0), ("Reduce", 1)]
 
 

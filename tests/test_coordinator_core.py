@@ -108,13 +108,16 @@ class Harness:
 
 
 def op(handle, kind, dtype, count, n, rank=0, root=-1, redop=0, in_off=0, out_off=0, scalar=b"",
-       total=None, flags=6):
+       total=None, flags=6, seq=1, step=0, steps=1):
+    """An OpDesc as the shim builds it: ``seq`` is the call's match_seq (collective calls on the
+    communicator, or Send/Recv calls of the pair), ``step``/``steps`` its place in the call."""
     size = DTYPES[dtype].size
     from fakegpu.coordinator.matching import expected_lengths
     in_len, out_len = expected_lengths(kind, count, size, n, rank, root)
     return P.OpDesc(comm_handle=handle, kind=kind, datatype=dtype, redop=redop, flags=flags, root=root,
                     total_count=count if total is None else total, step_count=count, in_offset=in_off,
-                    in_len=in_len, out_offset=out_off, out_len=out_len, scalar=scalar)
+                    in_len=in_len, out_offset=out_off, out_len=out_len, scalar=scalar, match_seq=seq,
+                    step_index=step, step_total=steps)
 
 
 @pytest.fixture
@@ -275,8 +278,17 @@ def test_comm_free_and_use_after_destroy(h):
 # --------------------------------------------------------------------------- collectives
 
 
-def run_collective(h, handles, kind, dtype, count, inputs, root=-1, redop=0, scalars=None):
+_CALLS_RUN: dict = {}   # (harness id, handles) -> collective calls run_collective made there
+
+
+def run_collective(h, handles, kind, dtype, count, inputs, root=-1, redop=0, scalars=None, seq=None):
+    """One collective call on every member; ``seq`` (its match_seq) defaults to the next call
+    of the communicator, counting the calls this helper made on it (as the shim counts)."""
     n = len(handles)
+    key = (id(h), tuple(handles))
+    if seq is None:
+        seq = _CALLS_RUN.get(key, 0) + 1
+    _CALLS_RUN[key] = seq
     rids = []
     for r in range(n):
         inp, _ = h.staging(r)
@@ -284,7 +296,7 @@ def run_collective(h, handles, kind, dtype, count, inputs, root=-1, redop=0, sca
         inp[:len(raw)] = raw
     for r in range(n):
         d = op(handles[r], kind, dtype, count, n, rank=r, root=root, redop=redop,
-               scalar=scalars[r] if scalars else b"")
+               scalar=scalars[r] if scalars else b"", seq=seq)
         rids.append(h.send(r, P.Group(ops=(d,))))
     outs = []
     for r in range(n):
@@ -382,12 +394,13 @@ def test_collective_timeout_then_late_arrival(h):
     for c, rid in ((0, r0), (1, r1)):
         done = h.reply(c, rid)
         assert done.results == (P.NCCL_TIMEOUT,)
-        assert "collective #0 AllReduce float32 sum count=4" in done.message
+        assert "collective #1 AllReduce float32 sum count=4" in done.message
         assert "ranks [2] did not arrive within 5000 ms" in done.message
+    # The late rank's call #1 fails with the others' (it must not pair with their call #2).
     r2 = h.send(2, P.Group(ops=(op(handles[2], P.KIND_ALLREDUCE, 7, 4, 3, rank=2),)))
     assert h.reply(2, r2).results == (P.NCCL_TIMEOUT,)
     ins = [np.full(4, 1, np.float32) for _ in range(3)]
-    assert run_collective(h, handles, P.KIND_ALLREDUCE, 7, 4, ins)[2].tolist() == [3.0] * 4
+    assert run_collective(h, handles, P.KIND_ALLREDUCE, 7, 4, ins, seq=2)[2].tolist() == [3.0] * 4
 
 
 def test_disconnect_fails_peers_with_remote_error(h):
@@ -416,11 +429,12 @@ def test_disconnect_during_init_fails_the_others(h):
 # --------------------------------------------------------------------------- send / recv
 
 
-def p2p(handle, kind, peer, count, dtype=7, in_off=0, out_off=0):
+def p2p(handle, kind, peer, count, dtype=7, in_off=0, out_off=0, seq=1, step=0, steps=1):
     size = DTYPES[dtype].size
     return P.OpDesc(comm_handle=handle, kind=kind, datatype=dtype, flags=6, root=peer, total_count=count,
                     step_count=count, in_offset=in_off, in_len=count * size if kind == P.KIND_SEND else 0,
-                    out_offset=out_off, out_len=count * size if kind == P.KIND_RECV else 0)
+                    out_offset=out_off, out_len=count * size if kind == P.KIND_RECV else 0, match_seq=seq,
+                    step_index=step, step_total=steps)
 
 
 def test_pair_only_sendrecv_while_others_idle(h):
@@ -476,8 +490,13 @@ def test_p2p_timeout_and_size_mismatch(h):
     h.tick(6)
     done = h.reply(0, r0)
     assert done.results == (P.NCCL_TIMEOUT,) and "rank 1 did not post the matching Recv" in done.message
-    r0 = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 4),)))
-    r1 = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 3),)))
+    # The receiver's Recv #1 comes after the sender's Send #1 timed out: it fails at once (it must
+    # not wait for, or pair with, the sender's Send #2) ...
+    r1 = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 4),)))
+    assert h.reply(1, r1).results == (P.NCCL_TIMEOUT,)
+    # ... and the next pair of calls matches (and disagrees on the count).
+    r0 = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 4, seq=2),)))
+    r1 = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 3, seq=2),)))
     assert h.reply(0, r0).results == (P.NCCL_INVALID_USAGE,)
     assert "disagree" in h.reply(1, r1).message
 
@@ -490,8 +509,8 @@ def test_group_of_many_calls_across_communicators(h):
     for r in range(2):
         inp = h.staging(r)[0]
         inp[:400] = np.frombuffer(np.arange(100, dtype=np.float32).tobytes(), np.uint8)
-        ops = [op((handles if i % 2 else h2)[r], P.KIND_ALLREDUCE, 7, 1, 2, rank=r, in_off=4 * i, out_off=4 * i)
-               for i in range(100)]
+        ops = [op((handles if i % 2 else h2)[r], P.KIND_ALLREDUCE, 7, 1, 2, rank=r, in_off=4 * i, out_off=4 * i,
+                  seq=i // 2 + 1) for i in range(100)]
         rids.append(h.send(r, P.Group(ops=tuple(ops))))
     for r in range(2):
         assert h.reply(r, rids[r]).results == (0,) * 100
@@ -538,9 +557,10 @@ def test_records_cover_clients_comms_and_multi_step_calls():
     # One call of count 4 cut into two steps of 2.
     rids = []
     for r in range(2):
-        ops = (op(handles[r], P.KIND_ALLREDUCE, 7, 2, 2, rank=r, total=4, flags=P.OP_FLAG_FIRST_STEP),
+        ops = (op(handles[r], P.KIND_ALLREDUCE, 7, 2, 2, rank=r, total=4, flags=P.OP_FLAG_FIRST_STEP,
+                  step=0, steps=2),
                op(handles[r], P.KIND_ALLREDUCE, 7, 2, 2, rank=r, total=4, in_off=8, out_off=8,
-                  flags=P.OP_FLAG_LAST_STEP))
+                  flags=P.OP_FLAG_LAST_STEP, step=1, steps=2))
         rids.append(h.send(r, P.Group(ops=ops)))
     assert [h.reply(r, rids[r]).results for r in range(2)] == [(0, 0), (0, 0)]
     assert len(rec.ops) == 1

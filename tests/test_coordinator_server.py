@@ -159,8 +159,8 @@ def test_bad_frames_close_only_that_connection(coordinator, tmp_path):
     cases = [
         b"JUNK" + bytes(12),
         b"FGPU" + struct.pack("<HHII", 9, P.PING, 1, 0),
-        b"FGPU" + struct.pack("<HHII", 1, 77, 1, 0),
-        b"FGPU" + struct.pack("<HHII", 1, P.PING, 1, 1 << 30),
+        b"FGPU" + struct.pack("<HHII", P.VERSION, 77, 1, 0),
+        b"FGPU" + struct.pack("<HHII", P.VERSION, P.PING, 1, 1 << 30),
         P.encode_frame(P.CommInit(bytes(128), 2, 0), 1),   # before HELLO
     ]
     for raw in cases:
@@ -172,7 +172,7 @@ def test_bad_frames_close_only_that_connection(coordinator, tmp_path):
     # Oversize GROUP from an authenticated client.
     with SyncClient(c.address) as evil:
         evil.hello(staging_bytes=4096)
-        evil.send_raw(b"FGPU" + struct.pack("<HHII", 1, P.GROUP, 3, 2 * 4096 + (16 << 20) + 1))
+        evil.send_raw(b"FGPU" + struct.pack("<HHII", P.VERSION, P.GROUP, 3, 2 * 4096 + (16 << 20) + 1))
         with pytest.raises(ClientError, match="closed"):
             evil.recv_frame(timeout_s=10)
     assert [o.tolist() for o in allreduce(clients, handles, [[1], [2]])] == [[3], [3]]

@@ -45,7 +45,8 @@ def _vector_messages():
             call_seq=7),
         _op(comm_handle=2, kind=P.KIND_REDUCE, datatype=6, redop=P.REDOP_PREMULSUM, flags=2, root=0,
             total_count=1 << 33, step_count=1 << 20, in_offset=128, in_len=2 << 20, out_offset=128,
-            out_len=2 << 20, scalar=f16_half, call_seq=0xFFFFFFFF),
+            out_len=2 << 20, scalar=f16_half, call_seq=0xFFFFFFFF, match_seq=0xFFFFFFFE,
+            step_index=8191, step_total=8192),
         _op(comm_handle=3, kind=P.KIND_ALLGATHER, datatype=0, flags=4, total_count=3, step_count=3,
             in_offset=4096, in_len=3, out_offset=4096, out_len=12, call_seq=2),
         _op(comm_handle=3, kind=P.KIND_REDUCESCATTER, datatype=9, redop=P.REDOP_AVG, flags=6,
@@ -67,6 +68,8 @@ def _vector_messages():
         _op(comm_handle=4, kind=P.KIND_ALLREDUCE, datatype=2, redop=P.REDOP_PREMULSUM, flags=6,
             total_count=1, step_count=1, in_offset=32768, in_len=4, out_offset=32768, out_len=4,
             scalar=i32_scalar, call_seq=11),
+        _op(comm_handle=4, kind=P.KIND_ALLREDUCE, datatype=99, redop=42,
+            flags=P.OP_FLAG_REJECTED | 6, total_count=16384, step_count=0, call_seq=12, match_seq=9),
     )
     return [
         ("hello_shm", 1, P.Hello(flags=1, global_rank=3, local_rank=1, world_size=8, pid=4242,
@@ -227,7 +230,7 @@ def test_vector_roundtrip(vector):
 
 def test_header_layout_by_hand():
     raw = bytes.fromhex(next(v["hex"] for v in _load() if v["name"] == "ok"))
-    assert raw == b"FGPU" + struct.pack("<HHII", 1, 4, 5, 0)
+    assert raw == b"FGPU" + struct.pack("<HHII", P.VERSION, 4, 5, 0)
     ping = bytes.fromhex(next(v["hex"] for v in _load() if v["name"] == "hello_ok"))
     assert ping[16:] == struct.pack("<IIQI", 7, 1, 32 << 20, 600000)
 
@@ -235,15 +238,15 @@ def test_header_layout_by_hand():
 def test_opdesc_layout_by_hand():
     op = P.OpDesc(comm_handle=1, kind=3, datatype=6, redop=5, flags=2, root=-1, total_count=2,
                   step_count=3, in_offset=4, in_len=5, out_offset=6, out_len=7, scalar=b"\x01\x02",
-                  call_seq=8)
+                  call_seq=8, match_seq=9, step_index=10, step_total=11)
     raw = op.pack()
-    assert len(raw) == 80
+    assert len(raw) == 88
     assert raw[0:8] == (1).to_bytes(8, "little")
     assert raw[8:12] == bytes([3, 6, 5, 2])
     assert raw[12:16] == b"\xff\xff\xff\xff"
     assert [int.from_bytes(raw[o:o + 8], "little") for o in range(16, 64, 8)] == [2, 3, 4, 5, 6, 7]
     assert raw[64:72] == b"\x01\x02" + bytes(6)
-    assert raw[72:80] == (8).to_bytes(4, "little") + bytes(4)
+    assert [int.from_bytes(raw[o:o + 4], "little") for o in range(72, 88, 4)] == [8, 9, 10, 11]
 
 
 def test_parser_handles_byte_by_byte_and_coalesced_streams():
@@ -279,7 +282,7 @@ def test_parser_routes_group_payload_into_targets():
         for i in range(0, len(frame), chunking):
             frames.extend(parser.feed(frame[i:i + chunking]))
         assert [f.msg_type for f in frames] == [P.GROUP, P.PING]
-        assert frames[0].payload_placed and len(frames[0].body) == 8 + 160
+        assert frames[0].payload_placed and len(frames[0].body) == 8 + 2 * P.OPDESC_SIZE
         assert bytes(staging[16:24]) == payload[:8] and bytes(staging[0:8]) == payload[8:]
 
 
@@ -305,11 +308,11 @@ def test_parser_zero_copy_receive_into_targets():
 
 
 @pytest.mark.parametrize("raw, expected", [
-    (b"XGPU" + struct.pack("<HHII", 1, 30, 0, 0), "bad magic"),
-    (b"FGPU" + struct.pack("<HHII", 2, 30, 0, 0), "unsupported protocol version 2"),
-    (b"FGPU" + struct.pack("<HHII", 1, 99, 0, 0), "unknown message type 99"),
-    (b"FGPU" + struct.pack("<HHII", 1, 30, 0, 1 << 31), "exceeds the limit"),
-    (b"FGPU" + struct.pack("<HHII", 1, 2, 0, 0), "not accepted in this direction"),
+    (b"XGPU" + struct.pack("<HHII", P.VERSION, 30, 0, 0), "bad magic"),
+    (b"FGPU" + struct.pack("<HHII", 1, 30, 0, 0), "unsupported protocol version 1"),
+    (b"FGPU" + struct.pack("<HHII", P.VERSION, 99, 0, 0), "unknown message type 99"),
+    (b"FGPU" + struct.pack("<HHII", P.VERSION, 30, 0, 1 << 31), "exceeds the limit"),
+    (b"FGPU" + struct.pack("<HHII", P.VERSION, 2, 0, 0), "not accepted in this direction"),
 ])
 def test_parser_rejects_bad_headers(raw, expected):
     parser = P.FrameParser(max_body_len=1 << 20, accepted_types=P.CLIENT_TO_SERVER)
@@ -321,7 +324,7 @@ def test_parser_rejects_bad_headers(raw, expected):
     (P.HELLO, b"\0" * 10, "HELLO body truncated"),
     (P.PING, b"x", "1 unexpected trailing bytes"),
     (P.SHUTDOWN, b"\x02\x00\xff\xfe", "not valid UTF-8"),
-    (P.GROUP, struct.pack("<II", 2, 0) + bytes(80), "2 OpDesc"),
+    (P.GROUP, struct.pack("<II", 2, 0) + bytes(88), "2 OpDesc"),
     (P.COMM_INIT, bytes(100), "unique_id"),
 ])
 def test_decode_body_names_the_problem(msg_type, body, expected):

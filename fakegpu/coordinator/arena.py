@@ -20,7 +20,7 @@ from typing import Callable, Optional
 log = logging.getLogger("fakegpu.coordinator")
 
 MAGIC = 0x52414746            # the bytes "F" "G" "A" "R" read as a little-endian u32
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2              # 2: rank records hold the 88-byte OpDesc of protocol version 2
 HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, pending, closing
 OFF_FAILED = 12
 OFF_PENDING = 24

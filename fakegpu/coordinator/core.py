@@ -36,9 +36,9 @@ from fakegpu.coordinator.collectives.numerics import DTYPES
 from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
 from fakegpu.coordinator.faults import FaultPlan, load_plan
 from fakegpu.coordinator.matching import (
-    D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_OUT_LEN, D_OUT_OFF,
-    D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_TOTAL, GroupState, PairQueue, Slot, Step, describe_op,
-    mismatch_message, validate)
+    D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF,
+    D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL, FailedCall, GroupState, PairQueue,
+    Slot, Step, describe_op, mismatch_message, validate)
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
     Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous, assign_global_ranks)
@@ -54,6 +54,11 @@ MIN_STAGING_BYTES = 4096
 _HDR = P.HEADER
 _U32I32 = struct.Struct("<Ii")
 _OPDESC_UNPACK = P.OPDESC_STRUCT.unpack_from
+_OPDESC_SIZE = P.OPDESC_SIZE
+# Failed calls kept per communicator (or Send/Recv pair) until every member is past them; a
+# member that never moves on cannot make the coordinator keep more than this many.
+_MAX_FAILED_CALLS = 1024
+_NO_PAYLOAD = np.empty(0, dtype=np.uint8)
 _GROUP_PREFIX = struct.Struct("<II")
 _COMM_INFO_FIXED = struct.Struct("<Qii")
 _EMPTY_STR = b"\0\0"
@@ -557,42 +562,42 @@ class Core:
         if member in member.client.members:
             member.client.members.remove(member)
         rank = member.rank
-        for seq, slot in list(comm.slots.items()):
-            del comm.slots[seq]
+        for key, slot in list(comm.slots.items()):
+            if comm.slots.get(key) is not slot:   # failed with an earlier slot of its call
+                continue
+            del comm.slots[key]
             self._waiting.pop(slot, None)
+            seq = slot.seq
             arrived = [s for s in slot.steps if s is not None]
             op = describe_op(arrived[0].desc) if arrived else "?"
             msg = f"{comm.label()} collective #{seq} {op}: {reason}"
             for s in arrived:
                 self._op_done(s.group, s.index, code, msg)
-            missing = sum(1 for r, s in enumerate(slot.steps)
-                          if s is None and r not in comm.gone_ranks)
-            if missing:
-                comm.tombstones[seq] = [code, msg, missing]
             self._op_failed_event(comm, seq, arrived, code, msg,
                                   [r for r, s in enumerate(slot.steps) if s is None])
             self._record_failure(comm, seq, arrived, code, msg, slot.first_wall)
+            self._fail_call(comm, seq, arrived, code, msg)
         for (src, dst), q in comm.p2p.items():
             if dst == rank:
-                for s in list(q.sends):
+                for k, s in list(q.sends.items()):
                     if s.payload is None:
-                        q.sends.remove(s)
+                        del q.sends[k]
                         self._waiting.pop(s, None)
                         self._op_done(s.group, s.index, code,
                                       f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
-                for s in list(q.recvs):
-                    q.recvs.remove(s)
+                for k, s in list(q.recvs.items()):
+                    del q.recvs[k]
                     self._waiting.pop(s, None)
                     self._op_done(s.group, s.index, code, f"{comm.label()} Recv on rank {dst}: {reason}")
             if src == rank:
-                for s in list(q.recvs):
-                    q.recvs.remove(s)
+                for k, s in list(q.recvs.items()):
+                    del q.recvs[k]
                     self._waiting.pop(s, None)
                     self._op_done(s.group, s.index, code,
                                   f"{comm.label()} Recv on rank {dst} from rank {src}: {reason}")
-                for s in list(q.sends):
+                for k, s in list(q.sends.items()):
                     if s.payload is None:
-                        q.sends.remove(s)
+                        del q.sends[k]
                         self._waiting.pop(s, None)
                         self._op_done(s.group, s.index, code, f"{comm.label()} Send from rank {src}: {reason}")
         for seq, rdv in list(comm.splits.items()):
@@ -623,7 +628,7 @@ class Core:
         if len(body) < 8:
             raise P.ProtocolError(f"GROUP body of {len(body)} bytes is shorter than its 8-byte prefix")
         n_ops, flags = _GROUP_PREFIX.unpack_from(body, 0)
-        desc_end = 8 + n_ops * 80
+        desc_end = 8 + n_ops * _OPDESC_SIZE
         if len(body) < desc_end:
             raise P.ProtocolError(f"GROUP declares {n_ops} ops but its body holds {len(body)} bytes")
         if rid in client.groups:
@@ -641,7 +646,7 @@ class Core:
                 if ln:
                     inp[off:off + ln] = np.frombuffer(body, dtype=np.uint8, count=ln, offset=pos)
                     pos += ln
-        descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
+        descs = [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
         client.groups[rid] = group
         self.n_groups += 1
@@ -664,12 +669,12 @@ class Core:
         if len(body) < 8:
             raise P.ProtocolError(f"ACCOUNT body of {len(body)} bytes is shorter than its 8-byte prefix")
         n_ops, _flags = _GROUP_PREFIX.unpack_from(body, 0)
-        desc_end = 8 + n_ops * 80
+        desc_end = 8 + n_ops * _OPDESC_SIZE
         if len(body) != desc_end:
             raise P.ProtocolError(f"ACCOUNT declares {n_ops} ops but its body holds {len(body)} bytes")
         if rid in client.groups:
             raise P.ProtocolError(f"ACCOUNT request_id {rid} is already in flight on this connection")
-        descs = [_OPDESC_UNPACK(body, 8 + 80 * i) for i in range(n_ops)]
+        descs = [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, False, accounted=True)
         client.groups[rid] = group
         self.n_groups += 1
@@ -708,8 +713,14 @@ class Core:
             for step in queued_sends:
                 if group.results[step.index] == -1 and step.payload is None:
                     d = step.desc
-                    step.payload = client.inp[d[D_IN_OFF]:d[D_IN_OFF] + d[D_IN_LEN]].copy()
                     self._waiting.pop(step, None)
+                    if step.error is not None:   # parked as a placeholder: the Recv fails with it
+                        step.payload = _NO_PAYLOAD
+                        self._op_done(group, step.index, P.NCCL_INVALID_ARGUMENT,
+                                      f"{step.member.comm.label()} rank {step.member.rank} {describe_op(d)}: "
+                                      f"{step.error}")
+                        continue
+                    step.payload = client.inp[d[D_IN_OFF]:d[D_IN_OFF] + d[D_IN_LEN]].copy()
                     self._op_done(group, step.index, 0, None)
 
     def _op_done(self, group: GroupState, index: int, result: int, message: Optional[str]) -> None:
@@ -761,39 +772,92 @@ class Core:
     # ------------------------------------------------------------------ collectives
 
     def _submit_collective(self, step: Step, now: float) -> None:
+        """Places a collective step in the slot of its call and step (match_seq, step_index):
+        the k-th collective call of every member belongs together, whatever path or frame
+        earlier calls took, so a call that failed cannot leave members out of step."""
         member = step.member
         comm = member.comm
-        seq = member.coll_seq
-        member.coll_seq = seq + 1
-        err, step.sig = validate(step.desc, member, member.client.S, step.group.accounted)
+        d = step.desc
+        err, step.sig = validate(d, member, member.client.S, step.group.accounted)
         if err is not None:
             step.error = err
-        tomb = comm.tombstones.get(seq)
-        if tomb is not None:
-            tomb[2] -= 1
-            if tomb[2] <= 0:
-                del comm.tombstones[seq]
-            self._op_done(step.group, step.index, tomb[0], tomb[1])
+        seq = d[D_MATCH_SEQ]
+        if seq > member.collective_at:
+            member.collective_at = seq
+            if comm.failed_calls:
+                self._forget_failed_calls(comm)
+        failed = comm.failed_calls.get(seq)
+        if failed is not None:
+            self._answer_failed_step(comm.failed_calls, seq, failed, step, comm.nranks)
             return
         if comm.gone_ranks:
-            code, msg = self._gone_error(comm, f"collective #{seq} {describe_op(step.desc)}")
+            code, msg = self._gone_error(comm, f"collective #{seq} {describe_op(d)}")
             if seq > comm.reported_seq:   # one event per collective, not one per arriving rank
                 comm.reported_seq = seq
                 self._op_failed_event(comm, seq, [step], code, msg, sorted(comm.gone_ranks))
             self._op_done(step.group, step.index, code, msg)
             return
-        slot = comm.slots.get(seq)
+        key = (seq, d[D_STEP_INDEX])
+        slot = comm.slots.get(key)
         if slot is None:
-            slot = comm.slots[seq] = Slot(comm, seq, comm.nranks, now, self.wall(), now + self.timeout_s)
+            slot = comm.slots[key] = Slot(comm, seq, d[D_STEP_INDEX], comm.nranks, now, self.wall(),
+                                          now + self.timeout_s)
             self._waiting[slot] = None
+        elif slot.steps[member.rank] is not None:
+            self._op_done(step.group, step.index, P.NCCL_INVALID_USAGE,
+                          f"{comm.label()} rank {member.rank} sent step {d[D_STEP_INDEX]} of collective "
+                          f"#{seq} twice ({describe_op(d)})")
+            return
         slot.steps[member.rank] = step
         slot.arrived += 1
         if slot.arrived == comm.nranks:
-            del comm.slots[seq]
+            del comm.slots[key]
             del self._waiting[slot]
             self._run_slot(slot, now)
         if comm.arena is not None:
             comm.arena.set_pending(len(comm.slots))
+
+    def _answer_failed_step(self, table: dict, seq: int, failed: FailedCall, step: Step, nranks: int) -> None:
+        """A step of a call that already failed: it fails the same way, at once."""
+        rank = step.member.rank
+        self._op_done(step.group, step.index, failed.code_for(rank), failed.message)
+        d = step.desc
+        if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
+            failed.done.add(rank)
+            if len(failed.done) >= nranks:
+                table.pop(seq, None)
+
+    def _fail_call(self, comm: Comm, seq: int, steps: list, default_code: int, msg: str,
+                   codes: Optional[dict] = None) -> None:
+        """Call ``seq`` failed at one of its steps (``steps``, already answered): remember it so
+        that its other steps -- already waiting in other slots, or still to come -- fail the
+        same way instead of pairing with another call's steps."""
+        failed = FailedCall(default_code, msg, codes)
+        for s in steps:
+            d = s.desc
+            if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
+                failed.done.add(s.member.rank)
+        for key in [k for k in comm.slots if k[0] == seq]:
+            slot = comm.slots.pop(key)
+            self._waiting.pop(slot, None)
+            for s in slot.steps:
+                if s is not None:
+                    self._answer_failed_step(comm.failed_calls, seq, failed, s, comm.nranks)
+        failed.done.update(comm.gone_ranks)
+        if len(failed.done) < comm.nranks:
+            if len(comm.failed_calls) >= _MAX_FAILED_CALLS:
+                del comm.failed_calls[next(iter(comm.failed_calls))]
+            comm.failed_calls[seq] = failed
+        if comm.arena is not None:
+            comm.arena.set_pending(len(comm.slots))
+
+    @staticmethod
+    def _forget_failed_calls(comm: Comm) -> None:
+        """Drops failed calls every member has moved past (sent a later collective)."""
+        live = [m.collective_at for m in comm.members if m.gone is None]
+        oldest = min(live) if live else float("inf")
+        for seq in [q for q in comm.failed_calls if q < oldest]:
+            del comm.failed_calls[seq]
 
     def _run_slot(self, slot: Slot, now: float) -> None:
         steps = slot.steps
@@ -813,14 +877,19 @@ class Core:
                     for t in steps:
                         self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
                     self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
+                    self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg)
                     return
         else:
             rejected = "; ".join(f"rank {s.member.rank}: {s.error}" for s in steps if s.error)
             msg = f"{comm.label()} collective #{slot.seq}: invalid arguments ({rejected})"
+            codes = {}
             for t in steps:
-                self._op_done(t.group, t.index,
-                              P.NCCL_INVALID_ARGUMENT if t.error else P.NCCL_INVALID_USAGE, msg)
+                code = P.NCCL_INVALID_ARGUMENT if t.error else P.NCCL_INVALID_USAGE
+                codes[t.member.rank] = code
+                self._op_done(t.group, t.index, code, msg)
+            self._op_failed_event(comm, slot.seq, steps, P.NCCL_INVALID_ARGUMENT, msg, [])
             self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_ARGUMENT, msg, slot.first_wall)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, codes)
             return
         kind = first[D_KIND]
         dt = DTYPES[first[D_DTYPE]]
@@ -833,6 +902,7 @@ class Core:
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
             self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg)
             return
         if accounted:  # proxy mode: NVIDIA's NCCL moved the data; only match and account
             t0 = self.clock()
@@ -859,6 +929,8 @@ class Core:
             msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
+            self._record_failure(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg, slot.first_wall)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg)
             return
         self.n_ops += 1
         if self.recording:
@@ -869,64 +941,114 @@ class Core:
     # ------------------------------------------------------------------ send / recv
 
     def _submit_p2p(self, step: Step, now: float) -> bool:
-        """Returns True when a Send was queued unmatched."""
+        """Pairs a Send or Recv step with its peer's by (match_seq, step_index) within its
+        (communicator, sender, receiver). Returns True when a Send was queued unmatched.
+
+        A step whose arguments were rejected (by the shim, or here) still takes its place, so
+        the peer's matching step fails with it instead of pairing with a later call."""
         d = step.desc
         member = step.member
         comm = member.comm
         err = validate(d, member, member.client.S, step.group.accounted)[0]
-        if err is not None:
-            self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
-                          f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")
-            return False
         peer = d[D_ROOT]
-        if d[D_KIND] == _SEND_KIND:
-            key = (member.rank, peer)
-            q = comm.p2p.get(key)
-            if q is None:
-                q = comm.p2p[key] = PairQueue()
-            if q.recvs:
-                recv = q.recvs.popleft()
-                self._waiting.pop(recv, None)
-                self._match_p2p(comm, key, q, step, recv)
+        if err is not None:
+            step.error = err
+            if not 0 <= peer < comm.nranks or peer == member.rank or d[D_MATCH_SEQ] == 0 \
+                    or not d[D_STEP_INDEX] < d[D_STEP_TOTAL]:
+                # No pair to keep in step with: this rank's op alone fails.
+                self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
+                              f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")
                 return False
-            if peer in comm.gone_ranks:
-                self._op_done(step.group, step.index, comm.gone_ranks[peer][0],
-                              f"{comm.label()} Send from rank {member.rank} to rank {peer}: "
-                              f"{comm.gone_ranks[peer][1]}")
-                return False
-            step.deadline = now + self.timeout_s
-            q.sends.append(step)
-            self._waiting[step] = None
-            return True
-        key = (peer, member.rank)
+        sending = d[D_KIND] == _SEND_KIND
+        key = (member.rank, peer) if sending else (peer, member.rank)
         q = comm.p2p.get(key)
         if q is None:
             q = comm.p2p[key] = PairQueue()
-        if q.sends:
-            send = q.sends.popleft()
-            if send.payload is None:
-                self._waiting.pop(send, None)
-            self._match_p2p(comm, key, q, send, step)
+        seq = d[D_MATCH_SEQ]
+        if sending:
+            if seq > q.sender_at:
+                q.sender_at = seq
+                if q.failed:
+                    self._forget_failed_p2p(q)
+        elif seq > q.receiver_at:
+            q.receiver_at = seq
+            if q.failed:
+                self._forget_failed_p2p(q)
+        failed = q.failed.get(seq)
+        if failed is not None:
+            self._answer_failed_step(q.failed, seq, failed, step, 2)
+            return False
+        skey = (seq, d[D_STEP_INDEX])
+        mine, theirs = (q.sends, q.recvs) if sending else (q.recvs, q.sends)
+        other = theirs.pop(skey, None)
+        if other is not None:
+            if other.payload is None:
+                self._waiting.pop(other, None)
+            if sending:
+                self._match_p2p(comm, key, q, step, other)
+            else:
+                self._match_p2p(comm, key, q, other, step)
             return False
         if peer in comm.gone_ranks:
+            what = (f"Send from rank {member.rank} to rank {peer}" if sending
+                    else f"Recv on rank {member.rank} from rank {peer}")
             self._op_done(step.group, step.index, comm.gone_ranks[peer][0],
-                          f"{comm.label()} Recv on rank {member.rank} from rank {peer}: "
-                          f"{comm.gone_ranks[peer][1]}")
+                          f"{comm.label()} {what}: {comm.gone_ranks[peer][1]}")
+            return False
+        if skey in mine:
+            self._op_done(step.group, step.index, P.NCCL_INVALID_USAGE,
+                          f"{comm.label()} rank {member.rank} sent step {d[D_STEP_INDEX]} of its "
+                          f"{'Send' if sending else 'Recv'} #{seq} twice ({describe_op(d)})")
             return False
         step.deadline = now + self.timeout_s
-        q.recvs.append(step)
+        mine[skey] = step
         self._waiting[step] = None
-        return False
+        return sending
+
+    @staticmethod
+    def _forget_failed_p2p(q: PairQueue) -> None:
+        oldest = min(q.sender_at, q.receiver_at)
+        for seq in [s for s in q.failed if s < oldest]:
+            del q.failed[seq]
+
+    def _fail_p2p_call(self, q: PairQueue, seq: int, steps: list, default_code: int, msg: str,
+                       codes: Optional[dict] = None) -> None:
+        """Send/Recv call ``seq`` of a pair failed at one of its steps (``steps``, answered):
+        its other steps, waiting or still to come, fail the same way."""
+        failed = FailedCall(default_code, msg, codes)
+        for s in steps:
+            d = s.desc
+            if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
+                failed.done.add(s.member.rank)
+        for table in (q.sends, q.recvs):
+            for skey in [k for k in table if k[0] == seq]:
+                s = table.pop(skey)
+                self._waiting.pop(s, None)
+                self._answer_failed_step(q.failed, seq, failed, s, 2)
+        if len(failed.done) < 2:
+            if len(q.failed) >= _MAX_FAILED_CALLS:
+                del q.failed[next(iter(q.failed))]
+            q.failed[seq] = failed
 
     def _match_p2p(self, comm: Comm, key: tuple, q: PairQueue, send: Step, recv: Step) -> None:
         sd, rd = send.desc, recv.desc
         q.matched += 1
-        if sd[D_DTYPE] != rd[D_DTYPE] or sd[D_STEP] != rd[D_STEP] or sd[D_TOTAL] != rd[D_TOTAL]:
-            msg = (f"{comm.label()} Send/Recv #{q.matched - 1} from rank {key[0]} to rank {key[1]} disagree: "
-                   f"rank {key[0]} sends {describe_op(sd)}; rank {key[1]} receives {describe_op(rd)}")
+        bad = [s for s in (send, recv) if s.error is not None]
+        if bad or sd[D_DTYPE] != rd[D_DTYPE] or sd[D_STEP] != rd[D_STEP] or sd[D_TOTAL] != rd[D_TOTAL] \
+                or sd[D_STEP_TOTAL] != rd[D_STEP_TOTAL]:
+            if bad:
+                why = "; ".join(f"rank {s.member.rank}: {s.error}" for s in bad)
+                msg = (f"{comm.label()} Send/Recv #{sd[D_MATCH_SEQ]} from rank {key[0]} to rank {key[1]}: "
+                       f"invalid arguments ({why})")
+            else:
+                msg = (f"{comm.label()} Send/Recv #{sd[D_MATCH_SEQ]} from rank {key[0]} to rank {key[1]} disagree: "
+                       f"rank {key[0]} sends {describe_op(sd)}; rank {key[1]} receives {describe_op(rd)}")
+            codes = {s.member.rank: (P.NCCL_INVALID_ARGUMENT if s.error else P.NCCL_INVALID_USAGE)
+                     for s in (send, recv)}
             if send.payload is None:
-                self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
-            self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
+                self._op_done(send.group, send.index, codes[send.member.rank], msg)
+            self._op_done(recv.group, recv.index, codes[recv.member.rank], msg)
+            self._fail_p2p_call(q, sd[D_MATCH_SEQ], [send, recv], P.NCCL_INVALID_USAGE, msg, codes)
             return
         if send.group.accounted or recv.group.accounted:
             t0 = self.clock()
@@ -960,7 +1082,7 @@ class Core:
 
     def _expire_slot(self, slot: Slot) -> None:
         comm = slot.comm
-        comm.slots.pop(slot.seq, None)
+        comm.slots.pop((slot.seq, slot.step_index), None)
         if comm.arena is not None:
             comm.arena.set_pending(len(comm.slots))
         arrived = [s for s in slot.steps if s is not None]
@@ -973,29 +1095,28 @@ class Core:
         self._op_failed_event(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, missing)
         for s in arrived:
             self._op_done(s.group, s.index, P.NCCL_TIMEOUT, msg)
-        comm.tombstones[slot.seq] = [P.NCCL_TIMEOUT, msg, len(missing)]
         self._record_failure(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, slot.first_wall)
+        self._fail_call(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg)
 
     def _expire_p2p(self, step: Step) -> None:
         d = step.desc
         comm = step.member.comm
         me = step.member.rank
         peer = d[D_ROOT]
-        if d[D_KIND] == _SEND_KIND:
-            q = comm.p2p.get((me, peer))
-            if q is not None and step in q.sends:
-                q.sends.remove(step)
-            msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
-                   f"Recv within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
-        else:
-            q = comm.p2p.get((peer, me))
-            if q is not None and step in q.recvs:
-                q.recvs.remove(step)
-            msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
-                   f"Send within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
+        sending = d[D_KIND] == _SEND_KIND
+        q = comm.p2p.get((me, peer) if sending else (peer, me))
+        if q is not None:
+            table = q.sends if sending else q.recvs
+            skey = (d[D_MATCH_SEQ], d[D_STEP_INDEX])
+            if table.get(skey) is step:
+                del table[skey]
+        msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
+               f"{'Recv' if sending else 'Send'} within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
         log.warning("timeout: %s", msg)
         self._op_failed_event(comm, None, [step], P.NCCL_TIMEOUT, msg, [peer])
         self._op_done(step.group, step.index, P.NCCL_TIMEOUT, msg)
+        if q is not None:
+            self._fail_p2p_call(q, d[D_MATCH_SEQ], [step], P.NCCL_TIMEOUT, msg)
 
     def _expire_init(self, rdv: InitRendezvous) -> None:
         self.inits.pop(rdv.uid, None)
@@ -1199,13 +1320,12 @@ class Core:
             records.append((d, times, waits))
         self.n_ops += n_records
         self.n_local_ops += n_records
-        next_seq = member.coll_seq + comm.local_records
         comm.local_records += n_records
         if not self.recording:
             return
         global_ranks = comm.record.global_ranks
-        for k, (d, (started, rendezvous, execution), waits) in enumerate(records):
-            call = {"started_at": started, "seq": next_seq + k, "rendezvous_s": rendezvous,
+        for d, (started, rendezvous, execution), waits in records:
+            call = {"started_at": started, "seq": d[D_MATCH_SEQ] - 1, "rendezvous_s": rendezvous,
                     "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits))}
             self._emit_collective(comm, d, DTYPES[d[D_DTYPE]], call)
 
@@ -1218,6 +1338,8 @@ class Core:
             return f"its OpDesc names handle {d[D_HANDLE]:#x}, the frame {handle:#x}"
         if d[D_DTYPE] not in DTYPES:
             return f"unknown datatype {d[D_DTYPE]}"
+        if d[D_MATCH_SEQ] == 0 or d[D_FLAGS] & P.OP_FLAG_REJECTED:
+            return "match_seq 0 or a rejected call (an arena runs only whole, valid calls)"
         if kind in P.REDUCING_KINDS and d[D_REDOP] not in P.REDOP_NAMES:
             return f"unknown reduction operator {d[D_REDOP]}"
         if kind in P.ROOTED_KINDS and not 0 <= d[D_ROOT] < comm.nranks:
@@ -1271,7 +1393,7 @@ class Core:
         comm = slot.comm
         call = comm.call
         if call is None or first[D_FLAGS] & _FIRST:
-            call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq + comm.local_records,
+            call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq - 1,
                                 "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0, "waits": {}}
         last_arrival = max(s.arrived_at for s in steps)
         call["rendezvous_s"] += last_arrival - slot.first_at
@@ -1322,10 +1444,11 @@ class Core:
     def _record_failure(self, comm: Comm, seq: int, steps: list, code: int, msg: str, started: float) -> None:
         if not self.recording or not steps:
             return
-        d = steps[0].desc
+        # Describe the call as a member that passed valid arguments asked for it.
+        d = next((s.desc for s in steps if not s.desc[D_FLAGS] & P.OP_FLAG_REJECTED), steps[0].desc)
         dt = DTYPES.get(d[D_DTYPE]) or DTYPES[0]
-        kind = d[D_KIND]
-        call = {"started_at": started, "seq": seq + comm.local_records, "rendezvous_s": 0.0, "execution_s": 0.0,
+        kind = d[D_KIND] if d[D_KIND] in P.KIND_NAMES else P.KIND_ALLREDUCE
+        call = {"started_at": started, "seq": seq - 1, "rendezvous_s": 0.0, "execution_s": 0.0,
                 "socket_bytes": 0, "waits": {}}
         self._emit(comm, P.KIND_NAMES.get(kind, str(kind)), dt,
                    d[D_REDOP] if kind in P.REDUCING_KINDS else None, d[D_TOTAL],

@@ -5,14 +5,13 @@ the hot path); the ``D_*`` constants name its indices.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.collectives.numerics import DTYPES
 
 D_HANDLE, D_KIND, D_DTYPE, D_REDOP, D_FLAGS, D_ROOT, D_TOTAL, D_STEP, D_IN_OFF, D_IN_LEN, \
-    D_OUT_OFF, D_OUT_LEN, D_SCALAR, D_CALL_SEQ, D_RESERVED = range(15)
+    D_OUT_OFF, D_OUT_LEN, D_SCALAR, D_CALL_SEQ, D_MATCH_SEQ, D_STEP_INDEX, D_STEP_TOTAL = range(17)
 
 _REDUCING = P.REDUCING_KINDS
 _ROOTED = P.ROOTED_KINDS
@@ -51,12 +50,14 @@ class Step:
 
 
 class Slot:
-    """The k-th collective step of every member of a communicator."""
-    __slots__ = ("comm", "seq", "steps", "arrived", "first_at", "first_wall", "deadline")
+    """Step ``step_index`` of collective call ``seq`` (the match_seq) of every member of a
+    communicator."""
+    __slots__ = ("comm", "seq", "step_index", "steps", "arrived", "first_at", "first_wall", "deadline")
 
-    def __init__(self, comm, seq: int, nranks: int, now: float, wall: float, deadline: float):
+    def __init__(self, comm, seq: int, step_index: int, nranks: int, now: float, wall: float, deadline: float):
         self.comm = comm
         self.seq = seq
+        self.step_index = step_index
         self.steps: list = [None] * nranks
         self.arrived = 0
         self.first_at = now
@@ -64,21 +65,43 @@ class Slot:
         self.deadline = deadline
 
 
+class FailedCall:
+    """A call that failed on its members (a disagreement, a rejected argument, a timeout, a
+    member gone): every later step of it fails at once with the same result, so that no step
+    of it can pair with a step of another call. Dropped once every member is past it."""
+    __slots__ = ("codes", "default_code", "message", "done")
+
+    def __init__(self, default_code: int, message: str, codes: Optional[dict] = None):
+        self.default_code = default_code
+        self.codes = codes or {}   # rank -> result, where it differs from default_code
+        self.message = message
+        self.done: set = set()     # ranks whose every step of the call has been answered
+
+    def code_for(self, rank: int) -> int:
+        return self.codes.get(rank, self.default_code)
+
+
 class PairQueue:
-    """Send/Recv steps of one (communicator, sender, receiver), matched in order."""
-    __slots__ = ("sends", "recvs", "matched")
+    """Send/Recv steps of one (communicator, sender, receiver), keyed by (match_seq,
+    step_index): the k-th Send of the sender to the receiver pairs with the receiver's k-th
+    Recv from the sender, step by step."""
+    __slots__ = ("sends", "recvs", "matched", "failed", "sender_at", "receiver_at")
 
     def __init__(self):
-        self.sends: deque = deque()
-        self.recvs: deque = deque()
+        self.sends: dict = {}
+        self.recvs: dict = {}
         self.matched = 0
+        self.failed: dict = {}   # match_seq -> FailedCall
+        self.sender_at = 0       # the highest match_seq seen from each side
+        self.receiver_at = 0
 
 
 def signature(desc: tuple) -> tuple:
-    """What all members of a collective step must agree on."""
+    """What all members of a collective step must agree on (its call and place in the call are
+    the slot's key: match_seq, step_index)."""
     kind = desc[D_KIND]
     return (kind, desc[D_DTYPE], desc[D_REDOP] if kind in _REDUCING else 0,
-            desc[D_ROOT] if kind in _ROOTED else -1, desc[D_TOTAL], desc[D_STEP])
+            desc[D_ROOT] if kind in _ROOTED else -1, desc[D_TOTAL], desc[D_STEP], desc[D_STEP_TOTAL])
 
 
 def describe_op(desc: tuple) -> str:
@@ -88,18 +111,20 @@ def describe_op(desc: tuple) -> str:
     if kind in _REDUCING:
         parts.append(P.REDOP_NAMES.get(desc[D_REDOP], f"redop {desc[D_REDOP]}"))
     parts.append(f"count={desc[D_TOTAL]}")
-    if desc[D_STEP] != desc[D_TOTAL]:
-        parts.append(f"step_count={desc[D_STEP]}")
+    if desc[D_STEP_TOTAL] != 1:
+        parts.append(f"step {desc[D_STEP_INDEX] + 1} of {desc[D_STEP_TOTAL]} (step_count={desc[D_STEP]})")
     if kind in _ROOTED:
         parts.append(f"root={desc[D_ROOT]}")
     if kind in P.P2P_KINDS:
         parts.append(f"peer={desc[D_ROOT]}")
+    if desc[D_FLAGS] & P.OP_FLAG_REJECTED:
+        parts.append("[arguments rejected by the rank]")
     return " ".join(parts) + f" (call {desc[D_CALL_SEQ]})"
 
 
 def mismatch_message(comm, seq: int, steps: list) -> str:
     sigs = [signature(s.desc) for s in steps]
-    names = ("op", "datatype", "reduction", "root", "count", "step count")
+    names = ("op", "datatype", "reduction", "root", "count", "step count", "number of steps")
     differing = [names[i] for i in range(len(names)) if len({sig[i] for sig in sigs}) > 1]
     asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in steps)
     return (f"{comm.label()} collective #{seq}: members disagree on {', '.join(differing)}: {asked}")
@@ -129,6 +154,10 @@ def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: 
     return 0, c  # Recv
 
 
+# A placeholder for a call whose arguments the shim rejected (OP_FLAG_REJECTED): the rank
+# already has its own error; the op only keeps its place in the matching order.
+REJECTED_ERROR = "its arguments were rejected by the shim (that rank's ncclGetLastError says which)"
+
 _SHAPE_CACHE: dict = {}
 _SHAPE_CACHE_MAX = 4096  # a job has a handful of distinct op shapes
 
@@ -140,11 +169,16 @@ def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
     The hot path: the shape checks depend only on (kind, dtype, redop, root, counts,
     lengths, rank, nranks) and are memoised; only the staging offsets are checked per op.
     An accounted op (ACCOUNT, proxy mode) stages nothing: its lengths and offsets are not checked."""
+    if desc[D_FLAGS] & P.OP_FLAG_REJECTED:
+        return REJECTED_ERROR, None
+    if desc[D_MATCH_SEQ] == 0 or not desc[D_STEP_INDEX] < desc[D_STEP_TOTAL]:
+        return _validate_shape(desc, member, not accounted), None
     if accounted:
-        key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks)
+        key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks,
+               desc[D_STEP_TOTAL])
     else:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-               member.rank, member.comm.nranks)
+               member.rank, member.comm.nranks, desc[D_STEP_TOTAL])
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member, not accounted), signature(desc))
@@ -174,6 +208,10 @@ def _validate_shape(desc: tuple, member, check_lengths: bool = True) -> Optional
         return f"{P.KIND_NAMES[kind]} {what} {root} is not a rank of a {n}-rank communicator"
     if desc[D_STEP] > desc[D_TOTAL]:
         return f"step_count {desc[D_STEP]} exceeds the call's count {desc[D_TOTAL]}"
+    if not desc[D_STEP_INDEX] < desc[D_STEP_TOTAL]:
+        return f"step_index {desc[D_STEP_INDEX]} is not below step_total {desc[D_STEP_TOTAL]}"
+    if desc[D_MATCH_SEQ] == 0:
+        return "match_seq 0 (calls are counted from 1)"
     if not check_lengths:
         return None
     want_in, want_out = expected_lengths(kind, desc[D_STEP], dt.size, n, member.rank, root)

@@ -43,7 +43,7 @@ class Client:
 
 
 class Member:
-    __slots__ = ("handle", "comm", "rank", "client", "global_rank", "coll_seq", "split_seq", "shrink_seq",
+    __slots__ = ("handle", "comm", "rank", "client", "global_rank", "collective_at", "split_seq", "shrink_seq",
                  "gone")
 
     def __init__(self, handle: int, comm: "Comm", rank: int, client: Client, global_rank: int):
@@ -52,14 +52,14 @@ class Member:
         self.rank = rank
         self.client = client
         self.global_rank = global_rank
-        self.coll_seq = 0      # index of this member's next collective step
+        self.collective_at = 0  # the highest collective match_seq this member has sent
         self.split_seq = 0     # index of this member's next CommSplit on this comm
         self.shrink_seq = 0    # index of this member's next CommShrink on this comm
         self.gone: Optional[tuple] = None   # (nccl_result, reason) once dead/aborted/freed
 
 
 class Comm:
-    __slots__ = ("id", "name", "nranks", "members", "record", "slots", "tombstones", "p2p",
+    __slots__ = ("id", "name", "nranks", "members", "record", "slots", "failed_calls", "p2p",
                  "gone_ranks", "splits", "shrinks", "call", "p2p_calls", "reported_seq", "arena",
                  "arena_refusal", "local_records")
 
@@ -69,8 +69,8 @@ class Comm:
         self.nranks = 0
         self.members: list = []
         self.record = CommRecord(comm_id=comm_id, name=name, global_ranks=(), parent_id=parent_id)
-        self.slots: dict = {}          # collective seq -> Slot
-        self.tombstones: dict = {}     # collective seq -> [result, message, ranks still to arrive]
+        self.slots: dict = {}          # (match_seq, step_index) -> Slot
+        self.failed_calls: dict = {}   # collective match_seq -> FailedCall (matching.py)
         self.p2p: dict = {}            # (sender, receiver) -> PairQueue
         self.gone_ranks: dict = {}     # rank -> (result, reason)
         self.splits: dict = {}         # split seq -> SplitRendezvous
@@ -82,8 +82,8 @@ class Comm:
         # communicator: an Arena, or the reason it was refused; later requests get the same answer.
         self.arena = None
         self.arena_refusal: Optional[str] = None
-        # Calls reported by LOCAL_OPS so far. They took no collective seq of the matching, so the
-        # records' seq of this communicator's collectives is the matching seq plus this.
+        # Calls reported by LOCAL_OPS so far (they carry their match_seq like any other call, so
+        # both paths share the records' seq of this communicator's collectives).
         self.local_records = 0
 
     def set_members(self, members: list) -> None:

@@ -52,6 +52,11 @@ struct ncclComm {
   std::thread init_thread;  // non-blocking init / split
 
   std::atomic<uint32_t> call_seq{0};  // calls issued on this communicator (diagnostics)
+  // The matching order (docs/protocol.md "Matching"): collective calls on this communicator,
+  // and Send / Recv calls per peer. Every call that names a usable communicator counts,
+  // including one whose arguments were rejected, so that the members stay in step.
+  std::atomic<uint32_t> collective_seq{0};
+  std::vector<uint32_t> send_seq, recv_seq;  // per peer, sized on first use; guarded by mu
   bool finalized = false;
   std::atomic<bool> aborted{false};
   std::atomic<bool> suspended{false};
@@ -62,7 +67,7 @@ struct ncclComm {
   std::atomic<int> local_status{0};
   std::shared_ptr<fakegpu::local::CommState> local;
 
-  std::mutex mu;           // guards redops and last_error
+  std::mutex mu;           // guards redops, last_error and send_seq / recv_seq
   std::vector<fakegpu::PreMulSumOp> redops;
   std::string last_error;  // this communicator's last failure, for ncclGetLastError(comm)
 };

@@ -42,3 +42,17 @@ ncclResult_t DistMode::get_unique_id(uint8_t out[128]) {
 }
 
 }  // namespace fakegpu
+
+namespace fakegpu {
+
+const std::vector<CollCall>& without_rejected(const std::vector<CollCall>& calls, std::vector<CollCall>* storage) {
+  bool any = false;
+  for (const CollCall& c : calls) any = any || c.rejected;
+  if (!any) return calls;
+  storage->clear();
+  for (const CollCall& c : calls)
+    if (!c.rejected) storage->push_back(c);
+  return *storage;
+}
+
+}  // namespace fakegpu

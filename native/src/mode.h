@@ -26,6 +26,10 @@ struct CollCall {
   const void* sendbuff = nullptr;
   void* recvbuff = nullptr;
   uint32_t call_seq = 0;
+  uint32_t match_seq = 0;  // place in the matching order (comm.h)
+  // The shim rejected the arguments: a placeholder that only keeps the rank's place in the
+  // matching order, so the call fails on every member (its fields are as the caller passed).
+  bool rejected = false;
   // PreMulSum: the scalar, or where to read it when the group runs (device residence).
   uint8_t scalar[8] = {};
   const void* scalar_ptr = nullptr;
@@ -74,6 +78,10 @@ class DistMode {
   // polled by torch's watchdog through ncclCommGetAsyncError); ncclSuccess when none.
   virtual ncclResult_t async_error(ncclComm* comm) { return ncclSuccess; }
 };
+
+// `calls` without the rejected placeholders, for modes that match nothing on a coordinator
+// (fake, passthrough): returns `calls` itself when there are none, else *storage.
+const std::vector<CollCall>& without_rejected(const std::vector<CollCall>& calls, std::vector<CollCall>* storage);
 
 // The mode selected by FAKEGPU_DIST_MODE (read once); an error for unknown or not yet
 // implemented modes.

@@ -216,10 +216,16 @@ class ForwardingMode : public DistMode {
     return rc;
   }
 
-  ncclResult_t run_group(const std::vector<CollCall>& calls) override {
+  ncclResult_t run_group(const std::vector<CollCall>& group_calls) override {
     const real::Nccl* n;
     ncclResult_t rc = real::load(&n);
     if (rc != ncclSuccess) return rc;
+    // A rejected call never reaches the real library. In proxy mode the coordinator sees its
+    // placeholder (ACCOUNT) and fails the group on every member; without a coordinator it is
+    // dropped, and the real library's peers wait as they would under NCCL.
+    std::vector<CollCall> valid;
+    const std::vector<CollCall>& calls = coordinator_ ? group_calls : without_rejected(group_calls, &valid);
+    if (calls.empty()) return ncclSuccess;
     // proxy: the coordinator checks and accounts the group BEFORE it is forwarded -- real NCCL
     // would hang (or corrupt memory) on a collective the ranks disagree on. A refused group
     // never reaches the real library.
@@ -282,10 +288,12 @@ class ForwardingMode : public DistMode {
     return st == ncclInProgress ? ncclSuccess : st;
   }
 
-  ncclResult_t simulate_group(const std::vector<CollCall>& calls, double* estimated_us) override {
+  ncclResult_t simulate_group(const std::vector<CollCall>& all_calls, double* estimated_us) override {
     const real::Nccl* n;
     ncclResult_t rc = real::load(&n);
     if (rc != ncclSuccess) return rc;
+    std::vector<CollCall> valid;  // rejected calls are not modeled
+    const std::vector<CollCall>& calls = without_rejected(all_calls, &valid);
     if (!n->GroupSimulateEnd)
       return failf(ncclInvalidUsage, "ncclGroupSimulateEnd: the real library %s does not provide it", n->path.c_str());
     std::vector<std::pair<ncclRedOp_t, ncclComm_t>> ops;

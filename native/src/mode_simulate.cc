@@ -208,7 +208,8 @@ class SimulateMode : public DistMode {
     if (rc != ncclSuccess) return rc;
     const std::vector<CollCall>& calls = device ? staged : user_calls;
     // A call alone in its group may run among the ranks in its communicator's arena.
-    if (calls.size() == 1 && local::try_run(client, calls[0], &rc)) return rc;
+    // (A rejected placeholder must reach the coordinator, which fails the call on every member.)
+    if (calls.size() == 1 && !calls[0].rejected && local::try_run(client, calls[0], &rc)) return rc;
     local::flush(client);
     if (device && client->shm()) cuda_staging::pin_staging(client->shm_in(), 2 * S);
 
@@ -267,10 +268,13 @@ class SimulateMode : public DistMode {
     return ncclSuccess;
   }
 
-  ncclResult_t simulate_group(const std::vector<CollCall>& user_calls, double* estimated_us) override {
+  ncclResult_t simulate_group(const std::vector<CollCall>& all_calls, double* estimated_us) override {
     Client* client;
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
+    std::vector<CollCall> valid;  // nothing is matched: rejected calls are simply not modeled
+    const std::vector<CollCall>& user_calls = without_rejected(all_calls, &valid);
+    if (user_calls.empty()) return ncclSuccess;
     std::vector<CollCall> staged;  // device scalars are read from device memory
     bool device = false;
     rc = cuda_staging::prepare_group(user_calls, &staged, &device);
@@ -323,11 +327,13 @@ class SimulateMode : public DistMode {
       d.kind = c.kind;
       d.datatype = c.datatype;
       d.redop = c.redop;
-      d.flags = static_cast<uint8_t>(proto::kOpFirstStep | proto::kOpLastStep | (c.in_place ? proto::kOpInPlace : 0));
+      d.flags = static_cast<uint8_t>(proto::kOpFirstStep | proto::kOpLastStep | (c.in_place ? proto::kOpInPlace : 0) |
+                                     (c.rejected ? proto::kOpRejected : 0));
       d.root = c.root;
       d.total_count = c.count;
-      d.step_count = c.count;
+      d.step_count = c.rejected ? 0 : c.count;
       d.call_seq = c.call_seq;
+      d.match_seq = c.match_seq;
       proto::encode_opdesc(body.data() + 8 + k * proto::kOpDescSize, d);
     }
     Pending p;

@@ -195,7 +195,9 @@ void encode_opdesc(uint8_t* o, const OpDesc& d) {
   memcpy(o + 56, &d.out_len, 8);
   memcpy(o + 64, d.scalar, 8);
   memcpy(o + 72, &d.call_seq, 4);
-  memcpy(o + 76, &d.reserved, 4);
+  memcpy(o + 76, &d.match_seq, 4);
+  memcpy(o + 80, &d.step_index, 4);
+  memcpy(o + 84, &d.step_total, 4);
 }
 
 // ---- decoders ----------------------------------------------------------------------------
@@ -276,7 +278,8 @@ bool decode_opdesc(Reader& r, OpDesc* d) {
   return r.u64(&d->comm_handle) && r.u8(&d->kind) && r.u8(&d->datatype) && r.u8(&d->redop) &&
          r.u8(&d->flags) && r.i32(&d->root) && r.u64(&d->total_count) && r.u64(&d->step_count) &&
          r.u64(&d->in_offset) && r.u64(&d->in_len) && r.u64(&d->out_offset) && r.u64(&d->out_len) &&
-         r.raw(d->scalar, 8) && r.u32(&d->call_seq) && r.u32(&d->reserved);
+         r.raw(d->scalar, 8) && r.u32(&d->call_seq) && r.u32(&d->match_seq) &&
+         r.u32(&d->step_index) && r.u32(&d->step_total);
 }
 
 }  // namespace fakegpu::proto

@@ -12,9 +12,9 @@
 namespace fakegpu::proto {
 
 constexpr uint8_t kMagic[4] = {'F', 'G', 'P', 'U'};
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHeaderSize = 16;
-constexpr size_t kOpDescSize = 80;
+constexpr size_t kOpDescSize = 88;
 constexpr size_t kUniqueIdBytes = 128;
 
 enum MsgType : uint16_t {
@@ -52,6 +52,7 @@ const char* kind_name(uint8_t kind);
 constexpr uint8_t kOpInPlace = 1u << 0;
 constexpr uint8_t kOpFirstStep = 1u << 1;
 constexpr uint8_t kOpLastStep = 1u << 2;
+constexpr uint8_t kOpRejected = 1u << 3;  // the shim rejected the arguments: a placeholder keeping the order
 // GROUP.flags bits.
 constexpr uint32_t kGroupPartial = 1u << 0;
 // HELLO.flags / HELLO_OK.flags bits.
@@ -175,7 +176,9 @@ struct OpDesc {
   uint64_t total_count = 0, step_count = 0;
   uint64_t in_offset = 0, in_len = 0, out_offset = 0, out_len = 0;
   uint8_t scalar[8] = {};
-  uint32_t call_seq = 0, reserved = 0;
+  uint32_t call_seq = 0;    // this rank's count of calls on the communicator (diagnostics, faults)
+  uint32_t match_seq = 1;   // the call's place in the matching order (docs/protocol.md "Matching")
+  uint32_t step_index = 0, step_total = 1;  // this step's place in its call
 };
 // GROUP / SIMULATE / ACCOUNT body up to (and including) the descriptors; payload is separate.
 struct GroupHead {

@@ -1,5 +1,6 @@
 #include "staging.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "last_error.h"
@@ -20,8 +21,12 @@ void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpD
   d.in_len = st.in_len;
   d.out_offset = st.out_offset;
   d.out_len = st.out_len;
-  if (c.redop == 5) memcpy(d.scalar, c.scalar_ptr ? c.scalar_ptr : c.scalar, datatype_size(c.datatype));
+  if (c.redop == 5 && !c.rejected)
+    memcpy(d.scalar, c.scalar_ptr ? c.scalar_ptr : c.scalar, datatype_size(c.datatype));
   d.call_seq = c.call_seq;
+  d.match_seq = c.match_seq;
+  d.step_index = st.index;
+  d.step_total = st.total;
   proto::encode_opdesc(out, d);
 }
 
@@ -51,6 +56,13 @@ ncclResult_t plan_steps(const std::vector<CollCall>& calls, uint64_t S, std::vec
   steps->clear();
   for (uint32_t i = 0; i < calls.size(); i++) {
     const CollCall& c = calls[i];
+    if (c.rejected) {  // a placeholder: one step, nothing staged
+      Step st;
+      st.call = i;
+      st.flags = proto::kOpFirstStep | proto::kOpLastStep | proto::kOpRejected;
+      steps->push_back(st);
+      continue;
+    }
     const uint64_t s = datatype_size(c.datatype);
     const uint64_t m = block_factor(c.kind, c.comm->nranks);
     // Every rank cuts by the largest per-rank length of the kind (c*s*m), not by its own
@@ -65,10 +77,18 @@ ncclResult_t plan_steps(const std::vector<CollCall>& calls, uint64_t S, std::vec
                      proto::kind_name(c.kind), datatype_name(c.datatype), c.comm->nranks,
                      (unsigned long long)(s * m), (unsigned long long)S);
     }
+    const uint64_t n_steps = c.count == 0 ? 1 : (c.count + C - 1) / C;
+    if (n_steps > UINT32_MAX)
+      return failf(ncclInvalidUsage, "fakegpu: %s of %llu elements needs %llu steps of %llu; raise "
+                   "FAKEGPU_STAGING_CHUNK_BYTES", proto::kind_name(c.kind), (unsigned long long)c.count,
+                   (unsigned long long)n_steps, (unsigned long long)C);
     uint64_t off = 0;
+    uint32_t index = 0;
     do {
       Step st;
       st.call = i;
+      st.index = index++;
+      st.total = static_cast<uint32_t>(n_steps);
       st.off = off;
       st.cnt = c.count - off < C ? c.count - off : C;
       step_lengths(c, st.cnt, &st.in_len, &st.out_len);

@@ -18,7 +18,8 @@ struct Step {
   uint32_t call = 0;                // index of its call in the group
   uint64_t off = 0, cnt = 0;        // element range [off, off+cnt) of the call
   uint64_t in_len = 0, out_len = 0; // per-rank bytes (protocol.md table)
-  uint8_t flags = 0;                // proto::kOpFirstStep / kOpLastStep
+  uint8_t flags = 0;                // proto::kOpFirstStep / kOpLastStep / kOpRejected
+  uint32_t index = 0, total = 1;    // its place among the steps of its call
   uint64_t in_offset = 0, out_offset = 0;  // placement in the regions (frame packing)
 };
 

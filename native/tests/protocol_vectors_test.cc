@@ -186,7 +186,9 @@ OpDesc op_from(const Json& j) {
   std::vector<uint8_t> sc = unhex(j["scalar"].text);
   memcpy(d.scalar, sc.data(), sc.size() < 8 ? sc.size() : 8);
   d.call_seq = (uint32_t)j["call_seq"].u();
-  d.reserved = (uint32_t)j["reserved"].u();
+  d.match_seq = (uint32_t)j["match_seq"].u();
+  d.step_index = (uint32_t)j["step_index"].u();
+  d.step_total = (uint32_t)j["step_total"].u();
   return d;
 }
 
@@ -442,7 +444,7 @@ int main(int argc, char** argv) {
     encode_header(hb, 99, 1, 0);
     EXPECT(!decode_header(hb, 100, &h, nullptr), "unknown type accepted");
     encode_header(hb, kOk, 1, 0);
-    hb[4] = 2;
+    hb[4] = static_cast<uint8_t>(kVersion + 1);
     EXPECT(!decode_header(hb, 100, &h, nullptr), "wrong version accepted");
     encode_header(hb, kOk, 1, 0);
     hb[0] = 'X';

@@ -1,6 +1,8 @@
 // Collective and point-to-point calls: validate, describe, queue (group.cc).
 // An argument error fails only the call; the communicator stays usable.
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "comm.h"
 #include "export.h"
@@ -45,33 +47,73 @@ ncclResult_t resolve_op(const char* fn, ncclComm* comm, ncclRedOp_t op, ncclData
   return ncclSuccess;
 }
 
+// Gives the call its place in the matching order (comm.h): the k-th collective call of every
+// member belongs together, and the k-th Send from a rank to a peer with the peer's k-th Recv
+// from that rank.
+void assign_match_seq(CollCall* c) {
+  ncclComm* comm = c->comm;
+  if (c->kind == proto::kSend || c->kind == proto::kRecv) {
+    std::lock_guard<std::mutex> lk(comm->mu);
+    std::vector<uint32_t>& per_peer = c->kind == proto::kSend ? comm->send_seq : comm->recv_seq;
+    if (per_peer.size() < static_cast<size_t>(comm->nranks)) per_peer.resize(comm->nranks, 0);
+    c->match_seq = ++per_peer[c->root];
+  } else {
+    c->match_seq = comm->collective_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  c->call_seq = comm->call_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+// An argument error (the last error already says which): the call fails on this rank, and a
+// placeholder still takes the call's place in the matching order, so that the other members'
+// matching call fails with it instead of pairing with this rank's next call. Inside a group
+// the placeholder travels at ncclGroupEnd; outside one it is sent now and this call returns
+// once the other members have arrived (or the coordinator's timeout), like any collective.
+// A Send/Recv naming no valid peer has nobody to keep in step with.
+ncclResult_t reject(CollCall c, ncclResult_t rc) {
+  const std::string msg = last_error();
+  const bool p2p = c.kind == proto::kSend || c.kind == proto::kRecv;
+  if (p2p && (c.root < 0 || c.root >= c.comm->nranks)) return rc;
+  c.rejected = true;
+  c.sendbuff = nullptr;
+  c.recvbuff = nullptr;
+  c.scalar_ptr = nullptr;
+  c.in_place = 0;
+  assign_match_seq(&c);
+  (void)enqueue_call(c);  // its result on this rank is the argument error itself
+  {
+    std::lock_guard<std::mutex> lk(c.comm->mu);
+    c.comm->last_error = msg;
+  }
+  return fail(rc, msg);
+}
+
 ncclResult_t submit(const char* fn, uint8_t kind, const void* sendbuff, void* recvbuff, size_t count,
                     ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   ncclResult_t rc = check_comm_usable(comm, fn);
   if (rc != ncclSuccess) return rc;
-  const size_t s = datatype_size(datatype);
-  if (s == 0) return failf(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
   const int n = comm->nranks, me = comm->rank;
-  if (has_root(kind) && (root < 0 || root >= n))
-    return failf(ncclInvalidArgument, "%s: %s %d is outside [0, %d)", fn,
-                 kind == proto::kSend || kind == proto::kRecv ? "peer" : "root", root, n);
-  uint64_t m = block_factor(kind, n), bytes;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(count), s * m, &bytes) || bytes > (1ull << 60))
-    return failf(ncclInvalidArgument, "%s: count %zu of %s over %d ranks overflows", fn, count,
-                 datatype_name(datatype), n);
-
   CollCall c;
   c.comm = comm;
   c.kind = kind;
-  c.datatype = static_cast<uint8_t>(datatype);
+  c.datatype = static_cast<uint8_t>(datatype);  // as passed: a placeholder reports what it was
+  c.redop = reduces(kind) ? static_cast<uint8_t>(op) : 0;
   c.root = has_root(kind) ? root : -1;
   c.count = count;
   c.sendbuff = sendbuff;
   c.recvbuff = recvbuff;
   c.stream = stream;
+  const size_t s = datatype_size(datatype);
+  if (s == 0) return reject(c, failf(ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype));
+  if (has_root(kind) && (root < 0 || root >= n))
+    return reject(c, failf(ncclInvalidArgument, "%s: %s %d is outside [0, %d)", fn,
+                           kind == proto::kSend || kind == proto::kRecv ? "peer" : "root", root, n));
+  uint64_t m = block_factor(kind, n), bytes;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(count), s * m, &bytes) || bytes > (1ull << 60))
+    return reject(c, failf(ncclInvalidArgument, "%s: count %zu of %s over %d ranks overflows", fn, count,
+                           datatype_name(datatype), n));
   if (reduces(kind)) {
     rc = resolve_op(fn, comm, op, datatype, &c);
-    if (rc != ncclSuccess) return rc;
+    if (rc != ncclSuccess) return reject(c, rc);
   }
 
   if (count > 0) {
@@ -87,8 +129,8 @@ ncclResult_t submit(const char* fn, uint8_t kind, const void* sendbuff, void* re
       case proto::kSend: need_send = true; break;
       case proto::kRecv: need_recv = true; break;
     }
-    if (need_send && !sendbuff) return failf(ncclInvalidArgument, "%s: sendbuff is NULL", fn);
-    if (need_recv && !recvbuff) return failf(ncclInvalidArgument, "%s: recvbuff is NULL", fn);
+    if (need_send && !sendbuff) return reject(c, failf(ncclInvalidArgument, "%s: sendbuff is NULL", fn));
+    if (need_recv && !recvbuff) return reject(c, failf(ncclInvalidArgument, "%s: recvbuff is NULL", fn));
     const uint8_t* sb = static_cast<const uint8_t*>(sendbuff);
     const uint8_t* rb = static_cast<const uint8_t*>(recvbuff);
     const uint64_t mine = static_cast<uint64_t>(me) * count * s;
@@ -99,7 +141,7 @@ ncclResult_t submit(const char* fn, uint8_t kind, const void* sendbuff, void* re
       default: c.in_place = sb == rb; break;
     }
   }
-  c.call_seq = comm->call_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  assign_match_seq(&c);
   return enqueue_call(c);
 }
 

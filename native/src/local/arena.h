@@ -13,15 +13,15 @@
 namespace fakegpu::local {
 
 constexpr uint32_t kArenaMagic = 0x52414746;  // bytes 'F' 'G' 'A' 'R'
-constexpr uint32_t kArenaVersion = 1;
+constexpr uint32_t kArenaVersion = 2;  // 2: records hold the 88-byte OpDesc of protocol 2
 constexpr uint32_t kBrokenCount = 0xFFFFFFFFu;  // sync word's arrivals once the arena was given up
 
 // One rank's record for a round parity: which round it is in, when it arrived, and its call.
 struct RankRecord {
   uint64_t round;
   double arrival;             // epoch seconds
-  uint8_t desc[80];           // proto OpDesc of the call (first round of a call)
-  uint8_t pad[128 - 96];
+  uint8_t desc[88];           // proto OpDesc of the call (first round of a call)
+  uint8_t pad[128 - 104];
 };
 static_assert(sizeof(RankRecord) == 128, "two records per rank in its 256-byte block");
 

@@ -72,9 +72,11 @@ bool is_local_kind(uint8_t kind) {
 bool rooted(uint8_t kind) { return kind == proto::kBroadcast || kind == proto::kReduce; }
 
 // The fields of two OpDescs that the members must agree on (the coordinator's matching rule):
-// kind, datatype, redop, root and count. Offsets per docs/protocol.md's OpDesc table.
+// kind, datatype, redop, root, count and the call's place in the matching order. Offsets per
+// docs/protocol.md's OpDesc table.
 bool same_call(const uint8_t* a, const uint8_t* b) {
-  return memcmp(a + 8, b + 8, 3) == 0 && memcmp(a + 12, b + 12, 4) == 0 && memcmp(a + 16, b + 16, 8) == 0;
+  return memcmp(a + 8, b + 8, 3) == 0 && memcmp(a + 12, b + 12, 4) == 0 && memcmp(a + 16, b + 16, 8) == 0 &&
+         memcmp(a + 76, b + 76, 4) == 0;
 }
 
 void send_batch_locked(Client* client, CommState* st) {
