@@ -100,11 +100,15 @@ def world(address, n, token="", **kw):
     return clients, handles
 
 
+_ALLREDUCES: dict = {}   # handles -> calls made on that communicator (the match_seq the shim would use)
+
+
 def allreduce(clients, handles, values):
+    seq = _ALLREDUCES[tuple(handles)] = _ALLREDUCES.get(tuple(handles), 0) + 1
     for c, h, v in zip(clients, handles, values):
         arr = np.asarray(v, np.float32)
         d = P.OpDesc(comm_handle=h, kind=P.KIND_ALLREDUCE, datatype=7, total_count=arr.size,
-                     step_count=arr.size, in_len=arr.nbytes, out_len=arr.nbytes)
+                     step_count=arr.size, in_len=arr.nbytes, out_len=arr.nbytes, match_seq=seq)
         c.send(P.Group(ops=(d,), payload=arr.tobytes()))
     outs = []
     for c in clients:

@@ -39,22 +39,25 @@ def _rank(address: str, rank: int, uid: bytes, ops: int, result: "mp.Queue") -> 
         small = np.full(1, rank + 1, np.float32)
         big = np.full(1024, rank + 1, np.float32)
         want_small = sum(range(1, RANKS + 1))
+        collectives = rings = 0   # the matching order the shim would number (match_seq)
         for i in range(ops):
             if i % 25 == 24:
+                rings += 1
                 peer_to, peer_from = (rank + 1) % RANKS, (rank - 1) % RANKS
                 ops_ = (P.OpDesc(comm_handle=info.comm_handle, kind=P.KIND_SEND, datatype=7, root=peer_to,
-                                 total_count=1, step_count=1, in_len=4),
+                                 total_count=1, step_count=1, in_len=4, match_seq=rings),
                         P.OpDesc(comm_handle=info.comm_handle, kind=P.KIND_RECV, datatype=7, root=peer_from,
-                                 total_count=1, step_count=1, in_offset=4, out_len=4))
+                                 total_count=1, step_count=1, in_offset=4, out_len=4, match_seq=rings))
                 done = c.request(P.Group(ops=ops_, payload=small.tobytes()), timeout_s=120)
                 assert np.frombuffer(done.payload, np.float32)[0] == peer_from + 1
                 continue
             arr = big if i % 7 == 6 else small
             kind = P.KIND_BROADCAST if i % 10 == 9 else P.KIND_ALLREDUCE
             in_len = arr.nbytes if kind == P.KIND_ALLREDUCE or rank == 0 else 0
+            collectives += 1
             d = P.OpDesc(comm_handle=info.comm_handle, kind=kind, datatype=7,
                          root=0 if kind == P.KIND_BROADCAST else -1, total_count=arr.size,
-                         step_count=arr.size, in_len=in_len, out_len=arr.nbytes)
+                         step_count=arr.size, in_len=in_len, out_len=arr.nbytes, match_seq=collectives)
             done = c.request(P.Group(ops=(d,), payload=arr.tobytes()[:in_len]), timeout_s=120)
             assert done.results == (0,), done.message
             got = np.frombuffer(done.payload, np.float32)[0]

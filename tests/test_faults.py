@@ -197,7 +197,7 @@ def test_kill_fails_peers_with_remote_error(library):
         assert res[r]["calls_ok"] == 2 and err["call"] == 3, res[r]
         assert err["result"] == "ncclRemoteError", err
         assert err["elapsed_s"] < TIMEOUT_MS / 1000 + MARGIN_S, err
-        assert "faults-world" in err["last_error"] and "collective #2 AllReduce" in err["last_error"], err["last_error"]
+        assert "faults-world" in err["last_error"] and "collective #3 AllReduce" in err["last_error"], err["last_error"]
         assert "injected fault kill:rank=1:seq=3" in err["last_error"], err["last_error"]
         assert err["async"] != 0
     events = report["events"]

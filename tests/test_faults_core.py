@@ -19,7 +19,7 @@ def allreduce(h, conns, handles, call_seq):
     rids = []
     for c, hd in zip(conns, handles):
         d = op(hd, P.KIND_ALLREDUCE, F32, 4, len(handles))
-        d = P.OpDesc(**{**d.__dict__, "call_seq": call_seq})
+        d = P.OpDesc(**{**d.__dict__, "call_seq": call_seq, "match_seq": call_seq})
         rids.append(h.send(c, P.Group(ops=(d,), flags=0)))
     return rids
 
