@@ -186,14 +186,14 @@ def test_bad_frames_close_only_that_connection(coordinator, tmp_path):
         assert reason in err, reason
 
 
-def test_other_protocol_version_gets_a_version_1_error(coordinator, tmp_path):
+def test_other_protocol_version_gets_an_error_naming_both_versions(coordinator, tmp_path):
     c = coordinator("--address", str(tmp_path / "c.sock"))
     with SyncClient(c.address) as old:
-        old.send_raw(b"FGPU" + struct.pack("<HHII", 2, P.HELLO, 77, 0))
+        old.send_raw(b"FGPU" + struct.pack("<HHII", 1, P.HELLO, 77, 0))
         frame = old.recv_frame(timeout_s=10)
         assert frame.request_id == 77
         err = P.decode_body(frame.msg_type, frame.body)
-        assert "speaks protocol version 1" in err.message and "sent version 2" in err.message
+        assert f"speaks protocol version {P.VERSION}" in err.message and "sent version 1" in err.message
         with pytest.raises(ClientError, match="closed"):
             old.recv_frame(timeout_s=10)
 
