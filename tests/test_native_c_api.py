@@ -133,6 +133,69 @@ def test_wrong_token_is_refused(c_api_test, start_coordinator):
     assert elapsed < 10
 
 
+class _Gatekeeper:
+    """A Unix socket that accepts connections and then either never answers (``silent``) or
+    closes each one at once (``closing``): a coordinator a rank cannot get into."""
+
+    def __init__(self, path, behaviour):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.behaviour = behaviour
+        self.accepted = 0
+        self.held: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.accepted += 1
+            if self.behaviour == "closing":
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("silent", "accepted the connection but did not answer HELLO within 1500 ms (FAKEGPU_CONNECT_TIMEOUT_MS)"),
+    ("closing", "closed the connection before answering HELLO"),
+])
+def test_a_rank_that_cannot_get_in_fails_within_the_connect_timeout(c_api_test, tmp_path, behaviour, expected):
+    """Before: a HELLO nobody answered was waited on for the coordinator timeout plus 30 s."""
+    gate = _Gatekeeper(tmp_path / "gate.sock", behaviour)
+    try:
+        proc, elapsed = _init_failure(c_api_test, {"FAKEGPU_COORDINATOR_ADDR": str(tmp_path / "gate.sock"),
+                                                   "FAKEGPU_CONNECT_TIMEOUT_MS": "1500"}, timeout_s=60)
+    finally:
+        gate.close()
+    assert proc.returncode != 0
+    assert expected in proc.stderr, proc.stderr
+    assert gate.accepted >= 1
+    if behaviour == "closing":
+        assert gate.accepted >= 2  # tried again within the connect timeout
+    assert elapsed < 10, elapsed
+
+
+def test_connect_timeout_must_be_a_positive_integer(c_api_test, tmp_path):
+    proc, _ = _init_failure(c_api_test, {"FAKEGPU_COORDINATOR_ADDR": str(tmp_path / "x.sock"),
+                                         "FAKEGPU_CONNECT_TIMEOUT_MS": "soon"})
+    assert proc.returncode != 0
+    assert "FAKEGPU_CONNECT_TIMEOUT_MS='soon' is not a positive integer" in proc.stderr
+
+
 @pytest.mark.parametrize("mode", ["bogus"])  # proxy/passthrough: tests/test_proxy_passthrough.py
 def test_other_modes_are_refused_with_a_message(c_api_test, mode):
     proc, _ = _init_failure(c_api_test, {"FAKEGPU_DIST_MODE": mode, "FAKEGPU_COORDINATOR_ADDR": "/nonexistent"})
