@@ -308,3 +308,19 @@ def test_ping_is_answered_during_a_large_reduction(coordinator, tmp_path):
     finally:
         for client, mm in ranks:
             client.close()
+
+
+def test_log_throttle_counts_what_it_leaves_out(caplog):
+    from fakegpu.coordinator.server import LogThrottle
+    now = [0.0]
+    throttle = LogThrottle(5.0, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="fakegpu.coordinator"):
+        for i in range(100):
+            now[0] = i / 100
+            throttle.warning("flood", f"closed connection {i}")
+        throttle.flush()                 # within the interval: nothing yet
+        now[0] = 6.0
+        throttle.flush()
+        throttle.flush()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["closed connection 0", "closed connection 99 (98 more like this in the last 5 s)"]

@@ -728,14 +728,15 @@ class Core:
             raise P.ProtocolError(f"ACCOUNT declares {n_ops} ops but its body holds {len(body)} bytes")
         if rid in client.groups:
             raise P.ProtocolError(f"ACCOUNT request_id {rid} is already in flight on this connection")
-        descs = [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
+        sliced = self.group_slice_ops and n_ops > self.group_slice_ops
+        descs = [None] * n_ops if sliced else [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, False, accounted=True)
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
             self._finish_group(group)
             return
-        self._submit_group(client, group, descs)
+        self._submit_group(client, group, descs, memoryview(body) if sliced else None)
 
     def _own_handle(self, client: Client, handle: int) -> Optional[Member]:
         m = self.handles.get(handle)
