@@ -666,7 +666,7 @@ def test_offloaded_collective_is_answered_before_later_ones_of_its_communicator(
         inp, _ = h.staging(c)
         inp[at:at + 4].view(np.float32)[:] = 10 * c
         small.append(h.send(c, P.Group(ops=(op(hd, P.KIND_ALLREDUCE, 7, 1, 2, rank=c - 2, in_off=at,
-                                               out_off=at),))))
+                                               out_off=at, seq=2),))))
     assert h.take(2) == [] and h.take(3) == [], "the small call must wait behind the offloaded one"
     job = jobs.pop()
     job.run()                      # what the worker thread does
@@ -689,7 +689,8 @@ def test_large_group_is_submitted_in_slices(h):
     (info,) = h.init([0])
     n = 1000
     values = np.arange(n, dtype=np.float32)
-    ops = tuple(op(info.comm_handle, P.KIND_ALLREDUCE, 7, 1, 1, in_off=4 * i, out_off=4 * i) for i in range(n))
+    ops = tuple(op(info.comm_handle, P.KIND_ALLREDUCE, 7, 1, 1, in_off=4 * i, out_off=4 * i, seq=i + 1)
+                for i in range(n))
     rid = h.send(0, P.Group(ops=ops, payload=values.tobytes()), factory=C.default_staging_factory)
     slices = 0
     while h.core.submitting(0):

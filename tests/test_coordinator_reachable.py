@@ -251,7 +251,8 @@ def test_ping_is_answered_during_a_huge_group(coordinator, tmp_path):
     worker.hello(staging_bytes=4 * n)
     handle = worker.request(P.CommInit(secrets.token_bytes(128), 1, 0)).comm_handle
     ops = tuple(P.OpDesc(comm_handle=handle, kind=P.KIND_ALLREDUCE, datatype=7, total_count=1, step_count=1,
-                         in_offset=4 * i, in_len=4, out_offset=4 * i, out_len=4) for i in range(n))
+                         in_offset=4 * i, in_len=4, out_offset=4 * i, out_len=4, match_seq=i + 1)
+                for i in range(n))
     values = np.arange(n, dtype=np.float32)
     frame = P.encode_frame(P.Group(ops=ops, payload=values.tobytes()), 77)
     with Pinger(c.address) as pinger:
@@ -298,7 +299,7 @@ def test_ping_is_answered_during_a_large_reduction(coordinator, tmp_path):
         with Pinger(c.address) as pinger:
             for (client, _), h in zip(ranks, handles):
                 client.send(P.Group(ops=(P.OpDesc(comm_handle=h, kind=P.KIND_ALLREDUCE, datatype=7, total_count=count,
-                                                  step_count=count, in_len=S, out_len=S),)))
+                                                  step_count=count, in_len=S, out_len=S, match_seq=1),)))
             dones = [P.decode_body(P.GROUP_DONE, client.recv_frame(timeout_s=300).body) for client, _ in ranks]
         assert all(d.results == (0,) for d in dones), dones
         for _, mm in ranks:
