@@ -22,6 +22,27 @@ HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size  # 16
 OPDESC_STRUCT = struct.Struct("<QBBBBiQQQQQQ8sIIII")
 OPDESC_SIZE = OPDESC_STRUCT.size  # 88
+
+
+def _field_offset(st: struct.Struct, index: int) -> int:
+    """Byte offset of field ``index`` of a packed little-endian struct ("<..." format)."""
+    import re
+    pos = field_no = 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", st.format[1:]):
+        n = int(count or 1)
+        size = struct.calcsize("<" + code)
+        for _ in range(1 if code in "sp" else n):
+            if field_no == index:
+                return pos
+            pos += size * (n if code in "sp" else 1)
+            field_no += 1
+    raise IndexError(index)
+
+
+# OpDesc fields 8 and 9 (in_offset, in_len: two u64 side by side), read as a column by
+# group_payload_layout.
+_OPDESC_IN_OFFSET = _field_offset(OPDESC_STRUCT, 8)
+assert _field_offset(OPDESC_STRUCT, 9) == _OPDESC_IN_OFFSET + 8
 assert HEADER_SIZE == 16 and OPDESC_SIZE == 88
 
 MAX_STR_BYTES = 0xFFFF
@@ -844,24 +865,39 @@ class FrameParser:
 
 
 def group_payload_layout(prefix: bytes, payload_len: int, region_bytes: int) -> list:
-    """(in_offset, in_len) of each op of a socket-staged GROUP body prefix, validated.
+    """Where a socket-staged GROUP payload goes: (offset, length) ranges of the input region
+    ``[0, region_bytes)`` in payload order, one per op with a non-zero in_len, and ranges that
+    follow each other in the region merged into one (so a packed group is one range).
 
     The payload must be exactly the sum of in_len and every input must lie inside the
-    input region ``[0, region_bytes)``; otherwise ProtocolError.
+    input region; otherwise ProtocolError. Vectorised: a 200k-op table takes milliseconds.
     """
+    import numpy as np  # here: the admin client (--ping) imports this module without numpy work
+
     n_ops = _GROUP_PREFIX.unpack_from(prefix, 0)[0]
-    out = []
-    total = 0
-    unpack = OPDESC_STRUCT.unpack_from
-    for i in range(n_ops):
-        d = unpack(prefix, 8 + i * OPDESC_SIZE)
-        off, ln = d[8], d[9]
-        if off + ln > region_bytes:
-            raise ProtocolError(
-                f"GROUP op {i}: input [{off}, {off + ln}) lies outside the {region_bytes}-byte input region")
-        total += ln
-        out.append((off, ln))
+    if len(prefix) < 8 + n_ops * OPDESC_SIZE:
+        raise ProtocolError(f"GROUP declares {n_ops} ops but its descriptor table is truncated")
+    if n_ops == 0:
+        off = ln = np.zeros(0, dtype=np.uint64)
+    else:
+        fields = np.ndarray((n_ops, 2), dtype="<u8", buffer=prefix, offset=8 + _OPDESC_IN_OFFSET,
+                            strides=(OPDESC_SIZE, 8))
+        off, ln = fields[:, 0], fields[:, 1]
+    region = np.uint64(region_bytes)
+    outside = (ln > region) | (off > region - np.minimum(ln, region))
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        o, n = int(off[i]), int(ln[i])
+        raise ProtocolError(
+            f"GROUP op {i}: input [{o}, {o + n}) lies outside the {region_bytes}-byte input region")
+    total = int(ln.sum(dtype=np.uint64))
     if total != payload_len:
         raise ProtocolError(
             f"GROUP payload is {payload_len} bytes but the ops' in_len add up to {total}")
-    return out
+    used = ln != 0
+    off, ln = off[used], ln[used]
+    if len(off) == 0:
+        return []
+    # A new range starts wherever an input does not begin where the previous one ended.
+    starts = np.flatnonzero(np.concatenate(([True], off[1:] != off[:-1] + ln[:-1])))
+    return list(zip(off[starts].tolist(), np.add.reduceat(ln, starts).tolist()))

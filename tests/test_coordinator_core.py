@@ -639,3 +639,65 @@ def test_account_and_group_do_not_mix(h):
     for r, rid in ((0, r0), (1, r1)):
         done = h.reply(r, rid)
         assert done.results == (P.NCCL_INVALID_USAGE,) and "FAKEGPU_DIST_MODE" in done.message
+
+
+# --------------------------------------------------------------------------- keeping the I/O layer responsive
+
+
+def test_offloaded_collective_is_answered_before_later_ones_of_its_communicator(h):
+    """With an offload hook (the server's worker thread), a collective touching 4 MiB or more
+    is handed out and answered only after ``executed``; a small collective of the same
+    communicator that becomes ready meanwhile waits behind it, so answers keep their order."""
+    jobs = []
+    h.core.offload = jobs.append
+    for c in (2, 3):
+        assert isinstance(h.hello(c, rank=c - 2, staging=8 << 20), P.HelloOk)
+    handles = [i.comm_handle for i in h.init([2, 3])]
+    count = 1 << 20   # 4 MiB in and out per rank
+    at = 4 << 20      # the small call's input and output, after the big one's
+    big = []
+    for c, hd in zip((2, 3), handles):
+        inp, _ = h.staging(c)
+        inp[:4 * count].view(np.float32)[:] = c
+        big.append(h.send(c, P.Group(ops=(op(hd, P.KIND_ALLREDUCE, 7, count, 2, rank=c - 2),))))
+    assert len(jobs) == 1 and h.take(2) == [] and h.take(3) == []
+    small = []
+    for c, hd in zip((2, 3), handles):
+        inp, _ = h.staging(c)
+        inp[at:at + 4].view(np.float32)[:] = 10 * c
+        small.append(h.send(c, P.Group(ops=(op(hd, P.KIND_ALLREDUCE, 7, 1, 2, rank=c - 2, in_off=at,
+                                               out_off=at, seq=2),))))
+    assert h.take(2) == [] and h.take(3) == [], "the small call must wait behind the offloaded one"
+    job = jobs.pop()
+    job.run()                      # what the worker thread does
+    h._apply(h.core.executed(job))
+    for c, (rb, rs) in zip((2, 3), zip(big, small)):
+        replies = h.take(c)
+        assert [r for r, _ in replies] == [rb, rs]
+        assert all(m.results == (0,) for _, m in replies)
+        _, outp = h.staging(c)
+        assert np.all(outp[:4 * count].view(np.float32) == 5)
+        assert outp[at:at + 4].view(np.float32)[0] == 50
+    assert h.core._executing == {} and jobs == []
+
+
+def test_large_group_is_submitted_in_slices(h):
+    """group_slice_ops: a GROUP of more ops goes in one slice per resume(); the answer is the
+    same as all at once."""
+    h.core.group_slice_ops = 100
+    assert isinstance(h.hello(0, rank=0, factory=C.default_staging_factory), P.HelloOk)
+    (info,) = h.init([0])
+    n = 1000
+    values = np.arange(n, dtype=np.float32)
+    ops = tuple(op(info.comm_handle, P.KIND_ALLREDUCE, 7, 1, 1, in_off=4 * i, out_off=4 * i, seq=i + 1)
+                for i in range(n))
+    rid = h.send(0, P.Group(ops=ops, payload=values.tobytes()), factory=C.default_staging_factory)
+    slices = 0
+    while h.core.submitting(0):
+        assert h.reply(0, rid) is None
+        h._apply(h.core.resume(0))
+        slices += 1
+    assert slices == 9
+    done = h.reply(0, rid)
+    assert done.results == (0,) * n
+    assert np.array_equal(np.frombuffer(done.payload, np.float32), values)

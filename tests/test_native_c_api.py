@@ -133,6 +133,13 @@ def test_wrong_token_is_refused(c_api_test, start_coordinator):
     assert elapsed < 10
 
 
+def test_connect_timeout_must_be_a_positive_integer(c_api_test, tmp_path):
+    proc, _ = _init_failure(c_api_test, {"FAKEGPU_COORDINATOR_ADDR": str(tmp_path / "x.sock"),
+                                         "FAKEGPU_CONNECT_TIMEOUT_MS": "soon"})
+    assert proc.returncode != 0
+    assert "FAKEGPU_CONNECT_TIMEOUT_MS='soon' is not a positive integer" in proc.stderr
+
+
 @pytest.mark.parametrize("mode", ["bogus"])  # proxy/passthrough: tests/test_proxy_passthrough.py
 def test_other_modes_are_refused_with_a_message(c_api_test, mode):
     proc, _ = _init_failure(c_api_test, {"FAKEGPU_DIST_MODE": mode, "FAKEGPU_COORDINATOR_ADDR": "/nonexistent"})
@@ -150,6 +157,7 @@ class _MuteServer:
         self.sock.listen(8)
         self.hang_up = hang_up
         self.conns = []
+        self.accepted = 0
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -159,6 +167,7 @@ class _MuteServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
             if self.hang_up:
                 conn.recv(65536)
                 conn.close()
@@ -173,22 +182,25 @@ class _MuteServer:
 
 @pytest.mark.parametrize("hang_up", [False, True], ids=["mute", "hangs-up"])
 def test_unresponsive_coordinator_is_an_error_not_a_hang(c_api_test, tmp_path, hang_up):
+    """A rank that cannot get in fails within the connect timeout, not the operation timeout
+    (before: HELLO was waited on for FAKEGPU_COORDINATOR_TIMEOUT_MS plus the 30 s margin)."""
     path = tmp_path / "mute.sock"
     server = _MuteServer(path, hang_up)
     try:
         proc, elapsed = _init_failure(c_api_test, {
             "FAKEGPU_COORDINATOR_ADDR": str(path),
-            "FAKEGPU_COORDINATOR_TIMEOUT_MS": "300",
-            "FAKEGPU_CLIENT_WAIT_MARGIN_MS": "300",
+            "FAKEGPU_CONNECT_TIMEOUT_MS": "1500",
         })
     finally:
         server.close()
     assert proc.returncode != 0
     assert "unhandled system error" in proc.stderr
     if hang_up:
-        assert "closed the connection" in proc.stderr
+        assert "closed the connection before answering HELLO" in proc.stderr, proc.stderr
+        assert server.accepted >= 2  # tried again while the connect timeout lasted
     else:
-        assert "no answer from the coordinator" in proc.stderr
+        assert ("accepted the connection but did not answer HELLO within 1500 ms (FAKEGPU_CONNECT_TIMEOUT_MS)"
+                in proc.stderr), proc.stderr
     assert elapsed < 10
 
 

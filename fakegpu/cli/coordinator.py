@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import Optional
 
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-slot-bytes", metavar="SIZE",
                    help="slot size of host-local collective arenas (FAKEGPU_LOCAL_SLOT_BYTES; default "
                         "min(1 MiB, 128 MiB / (nranks + 1)))")
+    p.add_argument("--hello-timeout-ms", metavar="MS",
+                   help="close a connection that has not completed HELLO within MS "
+                        "(FAKEGPU_COORDINATOR_HELLO_TIMEOUT_MS, default 10000)")
+    p.add_argument("--max-unauthenticated", metavar="N",
+                   help="connections open at once without a completed HELLO; a new one beyond N closes the "
+                        "oldest (FAKEGPU_COORDINATOR_MAX_UNAUTHENTICATED, default 256)")
     p.add_argument("--max-staging-bytes", metavar="SIZE", default="256MiB",
                    help="largest staging region granted to a client (default 256MiB)")
     auth = p.add_mutually_exclusive_group()
@@ -103,10 +110,19 @@ def main(argv: Optional[list] = None) -> int:
         return 2
 
 
+def _option_or_env(value: Optional[str], option: str, var: str, default: int) -> int:
+    """A positive integer from the option, else the environment variable, else the default."""
+    if value:
+        return parse_int(value, option, minimum=1)
+    text = os.environ.get(var, "").strip()
+    return parse_int(text, var, minimum=1) if text else default
+
+
 def _serve(ns, env) -> int:
     from fakegpu.coordinator import reporting
     from fakegpu.coordinator.core import Core
-    from fakegpu.coordinator.server import ServerError, run_server
+    from fakegpu.coordinator.server import (DEFAULT_HELLO_TIMEOUT_S, DEFAULT_MAX_UNAUTHENTICATED, ServerError,
+                                            run_server)
 
     if ns.listen:
         if ns.transport == "unix":
@@ -121,6 +137,10 @@ def _serve(ns, env) -> int:
         raise ConfigError("no address: pass --address PATH (unix), --listen HOST:PORT (tcp), "
                           "or set FAKEGPU_COORDINATOR_ADDR")
     timeout_ms = parse_int(ns.timeout_ms, "--timeout-ms", minimum=1) if ns.timeout_ms else env.coordinator_timeout_ms
+    hello_timeout_ms = _option_or_env(ns.hello_timeout_ms, "--hello-timeout-ms",
+                                      "FAKEGPU_COORDINATOR_HELLO_TIMEOUT_MS", int(DEFAULT_HELLO_TIMEOUT_S * 1000))
+    max_unauthenticated = _option_or_env(ns.max_unauthenticated, "--max-unauthenticated",
+                                         "FAKEGPU_COORDINATOR_MAX_UNAUTHENTICATED", DEFAULT_MAX_UNAUTHENTICATED)
     max_ops = parse_int(ns.max_operations, "--max-operations", minimum=0) if ns.max_operations \
         else env.cluster_report_max_operations
     if ns.report_interval is not None and ns.report_interval <= 0:
@@ -174,7 +194,9 @@ def _serve(ns, env) -> int:
 
     try:
         reason = asyncio.run(run_server(core, transport=transport, address=address, on_listening=on_listening,
-                                        write_reports=write_reports, report_interval_s=ns.report_interval))
+                                        write_reports=write_reports, report_interval_s=ns.report_interval,
+                                        hello_timeout_s=hello_timeout_ms / 1000.0,
+                                        max_unauthenticated=max_unauthenticated))
     except ServerError as exc:
         print(f"fakegpu coordinator: {exc}", file=sys.stderr)
         return 1

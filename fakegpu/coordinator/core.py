@@ -15,6 +15,8 @@ fake clock. Collective results are computed in place in the clients' staging buf
 """
 from __future__ import annotations
 
+import array
+import collections
 import hmac
 import json
 import logging
@@ -23,6 +25,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import time
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -51,7 +54,13 @@ DEFAULT_STAGING_BYTES = 32 << 20
 MAX_STAGING_BYTES = 256 << 20
 MIN_STAGING_BYTES = 4096
 
+# Collectives touching at least this many staging bytes run through ``Core.offload`` (the
+# server's worker thread) when one is set; smaller ones inline, where a thread hop would cost
+# more than the work.
+OFFLOAD_MIN_BYTES = 4 << 20
+
 _HDR = P.HEADER
+_U32 = struct.Struct("<I")
 _U32I32 = struct.Struct("<Ii")
 _OPDESC_UNPACK = P.OPDESC_STRUCT.unpack_from
 _OPDESC_SIZE = P.OPDESC_SIZE
@@ -59,6 +68,7 @@ _OPDESC_SIZE = P.OPDESC_SIZE
 # member that never moves on cannot make the coordinator keep more than this many.
 _MAX_FAILED_CALLS = 1024
 _NO_PAYLOAD = np.empty(0, dtype=np.uint8)
+_OPDESC_ITER = P.OPDESC_STRUCT.iter_unpack
 _GROUP_PREFIX = struct.Struct("<II")
 _COMM_INFO_FIXED = struct.Struct("<Qii")
 _EMPTY_STR = b"\0\0"
@@ -168,6 +178,15 @@ class Core:
                               f"is below the minimum of {A.MIN_SLOT_BYTES}")
         self.arena_factory = arena_factory or A.create_arena
         self.arenas: dict = {}    # comm id -> Arena, until every member is gone or close()
+        # Keeping the I/O layer responsive (the server sets both; None = all work inline, as
+        # the unit tests drive it):
+        # offload(job): run job.run() elsewhere, then call executed(job) on the I/O thread.
+        self.offload: Optional[Callable[["Execution"], None]] = None
+        # group_slice_ops: a GROUP of more ops is submitted this many at a time; the I/O layer
+        # calls resume(conn_id) while submitting(conn_id), holding that connection's next frames.
+        self.group_slice_ops: Optional[int] = None
+        self._submitting: dict = {}   # conn id -> the rest of a GROUP still to submit
+        self._executing: dict = {}    # comm id -> deque of Executions; the first is running
 
     # ------------------------------------------------------------------ entry points
 
@@ -218,8 +237,40 @@ class Core:
             out.append((CLOSE, conn_id, f"protocol error: {exc}"))
         return out
 
+    def submitting(self, conn_id: int) -> bool:
+        """True while a GROUP of this connection has ops not yet submitted (see resume)."""
+        return conn_id in self._submitting
+
+    def resume(self, conn_id: int) -> list:
+        """Submit the next slice of this connection's GROUP."""
+        out = self._out = []
+        state = self._submitting.pop(conn_id, None)
+        if state is not None and not state[0].closed:
+            self._submit_group(*state)
+        return out
+
+    def executed(self, job: "Execution") -> list:
+        """An offloaded collective finished (on the I/O thread): answer it, then start what
+        waited behind it on the same communicator."""
+        out = self._out = []
+        self._finish_execution(job)
+        queue = self._executing.get(job.comm_id)
+        if queue and queue[0] is job:
+            queue.popleft()
+        while queue:
+            nxt = queue[0]
+            if self.offload is not None and nxt.nbytes >= OFFLOAD_MIN_BYTES:
+                self.offload(nxt)
+                return out
+            nxt.run()
+            queue.popleft()
+            self._finish_execution(nxt)
+        self._executing.pop(job.comm_id, None)
+        return out
+
     def disconnect(self, conn_id: int, reason: str) -> list:
         self._out = []
+        self._submitting.pop(conn_id, None)
         client = self.clients.pop(conn_id, None)
         if client is None:
             return self._out
@@ -646,18 +697,21 @@ class Core:
                 if ln:
                     inp[off:off + ln] = np.frombuffer(body, dtype=np.uint8, count=ln, offset=pos)
                     pos += ln
-        descs = [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
+        faults = self.faults and self.faults.armed
+        sliced = self.group_slice_ops and n_ops > self.group_slice_ops and not faults
+        # A large table is decoded a slice at a time, as it is submitted (_submit_group).
+        descs = [None] * n_ops if sliced else [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
             self._finish_group(group)
             return
-        if self.faults and self.faults.armed:
+        if faults:
             hit = self.faults.match(lambda h: self._own_handle(client, h), descs)
             if hit is not None and self._inject(client, group, descs, *hit):
                 return
-        self._submit_group(client, group, descs)
+        self._submit_group(client, group, descs, memoryview(body) if sliced else None)
 
     def _account(self, client: Client, frame: P.Frame) -> None:
         """ACCOUNT (proxy mode): the ops a rank forwarded to NVIDIA's NCCL. They are matched
@@ -674,24 +728,33 @@ class Core:
             raise P.ProtocolError(f"ACCOUNT declares {n_ops} ops but its body holds {len(body)} bytes")
         if rid in client.groups:
             raise P.ProtocolError(f"ACCOUNT request_id {rid} is already in flight on this connection")
-        descs = [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
+        sliced = self.group_slice_ops and n_ops > self.group_slice_ops
+        descs = [None] * n_ops if sliced else [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
         group = GroupState(client, rid, descs, False, accounted=True)
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
             self._finish_group(group)
             return
-        self._submit_group(client, group, descs)
+        self._submit_group(client, group, descs, memoryview(body) if sliced else None)
 
     def _own_handle(self, client: Client, handle: int) -> Optional[Member]:
         m = self.handles.get(handle)
         return m if m is not None and m.client is client else None
 
-    def _submit_group(self, client: Client, group: GroupState, descs: list) -> None:
+    def _submit_group(self, client: Client, group: GroupState, descs: list, body=None, start: int = 0,
+                      queued_sends: Optional[list] = None) -> None:
+        """Submit descs[start:]; with ``body`` (the GROUP body, for a sliced group) only the
+        next group_slice_ops of them, decoded from the body here, and the rest is left for
+        resume()."""
         now = self.clock()
         handles = self.handles
-        queued_sends = None
-        for i, d in enumerate(descs):
+        end = len(descs)
+        if body is not None:
+            end = min(end, start + self.group_slice_ops)
+            descs[start:end] = _OPDESC_ITER(body[8 + _OPDESC_SIZE * start:8 + _OPDESC_SIZE * end])
+        for i in range(start, end):
+            d = descs[i]
             member = handles.get(d[D_HANDLE])
             if member is None or member.client is not client:
                 self._op_done(group, i, P.NCCL_INVALID_ARGUMENT,
@@ -707,6 +770,9 @@ class Core:
                     queued_sends.append(step)
             else:
                 self._submit_collective(step, now)
+        if end < len(descs):
+            self._submitting[client.id] = (client, group, descs, body, end, queued_sends)
+            return
         if queued_sends:
             # More frames of this group follow: keep unmatched Send payloads here so the
             # peer's Recv (perhaps in a later frame of its own group) cannot deadlock.
@@ -747,20 +813,34 @@ class Core:
             if group.messages:
                 uniq = list(dict.fromkeys(group.messages))
                 msg = "; ".join(uniq)
-            head = struct.pack(f"<I{n}i", n, *results) + P.encode_str(msg, truncate=True)
+            codes = array.array("i", results)   # faster than struct for a 200k-op group
+            if sys.byteorder != "little":
+                codes.byteswap()
+            head = _U32.pack(n) + codes.tobytes() + P.encode_str(msg, truncate=True)
         if client.shm or group.accounted:
             self._out.append((SEND, client.id, _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE,
                                                           group.request_id, len(head)) + head))
             return
-        pieces = []
+        # The outputs of the ops that succeeded, in op order; ranges that follow each other in
+        # the output region become one piece (a packed group is one piece, not one per op).
+        runs = []
+        start = end = -1
         total = len(head)
-        outp = client.outp
         for d, r in zip(group.descs, results):
             ln = d[D_OUT_LEN]
             if r == 0 and ln:
                 off = d[D_OUT_OFF]
-                pieces.append(outp[off:off + ln])
                 total += ln
+                if off == end:
+                    end += ln
+                    continue
+                if end > start:
+                    runs.append((start, end))
+                start, end = off, off + ln
+        if end > start:
+            runs.append((start, end))
+        outp = client.outp
+        pieces = [outp[a:b] for a, b in runs]
         first = _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE, group.request_id, total) + head
         if not pieces:
             self._out.append((SEND, client.id, first))
@@ -921,11 +1001,25 @@ class Core:
             outs.append(c.outp[d[D_OUT_OFF]:d[D_OUT_OFF] + d[D_OUT_LEN]])
         redop = first[D_REDOP]
         scalars = [s.desc[D_SCALAR] for s in steps] if redop == _PREMUL else None
-        t0 = self.clock()
-        try:
-            EXECUTORS[kind](dt, redop, first[D_STEP], first[D_ROOT], ins, outs, scalars)
-        except Exception as exc:  # a bug here must not take the coordinator down
-            log.exception("executing %s failed", describe_op(first))
+        job = Execution(self, slot, first, dt, EXECUTORS[kind],
+                        (dt, redop, first[D_STEP], first[D_ROOT], ins, outs, scalars),
+                        sum(len(x) for x in ins) + sum(len(y) for y in outs))
+        queue = self._executing.get(comm.id)
+        if queue is not None:      # an earlier collective of this communicator is still running
+            queue.append(job)
+        elif self.offload is not None and job.nbytes >= OFFLOAD_MIN_BYTES:
+            self._executing[comm.id] = collections.deque([job])
+            self.offload(job)
+        else:
+            job.run()
+            self._finish_execution(job)
+
+    def _finish_execution(self, job: "Execution") -> None:
+        slot, first, steps = job.slot, job.first, job.slot.steps
+        comm = slot.comm
+        if job.error is not None:  # a bug here must not take the coordinator down
+            exc = job.error
+            log.error("executing %s failed", describe_op(first), exc_info=(type(exc), exc, exc.__traceback__))
             msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
@@ -934,7 +1028,7 @@ class Core:
             return
         self.n_ops += 1
         if self.recording:
-            self._record_collective(slot, steps, first, dt, t0, self.clock())
+            self._record_collective(slot, steps, first, job.dt, job.t0, job.t1)
         for s in steps:
             self._op_done(s.group, s.index, 0, None)
 
@@ -1481,6 +1575,34 @@ class Core:
                 arrival_wait_s=dict(call["waits"]), status=status, error=error))
         except Exception:  # the report must never break the data path
             log.exception("recorder failed on op_completed")
+
+
+class Execution:
+    """One matched collective's computation. ``run()`` is the only part that may run off the
+    I/O thread (it reads and writes staging memory only); ``Core.executed`` then answers it.
+    Collectives of one communicator execute and are answered in their order: later ones wait
+    in ``Core._executing`` while an earlier one runs."""
+    __slots__ = ("slot", "comm_id", "first", "dt", "fn", "args", "nbytes", "clock", "t0", "t1", "error")
+
+    def __init__(self, core: Core, slot: Slot, first: tuple, dt, fn, args: tuple, nbytes: int):
+        self.slot = slot
+        self.comm_id = slot.comm.id
+        self.first = first
+        self.dt = dt
+        self.fn = fn
+        self.args = args
+        self.nbytes = nbytes
+        self.clock = core.clock
+        self.t0 = self.t1 = 0.0
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        self.t0 = self.clock()
+        try:
+            self.fn(*self.args)
+        except Exception as exc:
+            self.error = exc
+        self.t1 = self.clock()
 
 
 def _version() -> str:

@@ -8,11 +8,20 @@ multiprocessing.shared_memory, whose resource tracker would unlink them).
 
 A malformed frame, an oversize length, a wrong version, an unknown type or a bad token
 closes only that connection, with the reason logged.
+
+Staying reachable (docs/protocol.md, "Coordinator limits and edge cases"): the server runs its
+own accept loop, so running out of file descriptors costs one log line every few seconds and
+a short pause in accepting, not a traceback per attempt; a connection that has not completed
+HELLO is closed after ``hello_timeout_s``, and at most ``max_unauthenticated`` of them are open
+at once (a new one closes the oldest); idle connections hold no receive buffer (all share one
+scratch buffer); large reductions run in a worker thread and large GROUP frames are submitted
+a slice at a time, so the event loop keeps answering everyone else.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import errno
 import logging
 import mmap
@@ -38,6 +47,23 @@ LOCAL_OPS_GRACE_S = 0.3
 
 UNIX_PATH_MAX = 107
 SOCKET_BUFFER_BYTES = 4 << 20
+
+# A connection must complete HELLO within this long (--hello-timeout-ms).
+DEFAULT_HELLO_TIMEOUT_S = 10.0
+# Connections open without a completed HELLO, at most (--max-unauthenticated).
+DEFAULT_MAX_UNAUTHENTICATED = 256
+# Headers and small frames are received here; shared by every connection, because a frame's
+# bytes are parsed (and copied where kept) before the next socket is read.
+SCRATCH_BYTES = 256 * 1024
+# Connections accepted per readiness event of the listening socket, so one burst cannot keep
+# the loop from reading the connections it already has.
+ACCEPT_BATCH = 64
+# Accepting pauses this long after the process ran out of descriptors (doubling up to the max).
+ACCEPT_BACKOFF_S = (0.05, 1.0)
+# Errors that mean "out of descriptors or memory": wait and retry, never fatal.
+_ACCEPT_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Ops of one GROUP frame submitted per event-loop turn (see Core.group_slice_ops).
+GROUP_SLICE_OPS = 256
 
 
 class ServerError(RuntimeError):
@@ -70,6 +96,47 @@ def map_shm_segment(name: str, S: int):
     return np.frombuffer(mm, dtype=np.uint8)
 
 
+class LogThrottle:
+    """For events that come in floods (a connection flood, descriptor exhaustion): the first
+    of a kind is logged at once, later ones at most once per ``interval_s``, each line saying
+    how many were not logged since the previous one."""
+
+    def __init__(self, interval_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: dict = {}       # kind -> when its last line was logged
+        self._skipped: dict = {}    # kind -> [count, last message]
+
+    def warning(self, kind: str, message: str) -> None:
+        now = self.clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval_s:
+            entry = self._skipped.setdefault(kind, [0, message])
+            entry[0] += 1
+            entry[1] = message
+            return
+        self._emit(kind, message, now)
+
+    def flush(self) -> None:
+        """Log what was held back once its interval has passed (called from the tick loop)."""
+        now = self.clock()
+        for kind in [k for k, (n, _) in self._skipped.items() if n and now - self._last[k] >= self.interval_s]:
+            n, message = self._skipped.pop(kind)
+            self._last[kind] = now
+            if n > 1:
+                log.warning("%s (%d more like this in the last %.0f s)", message, n - 1, self.interval_s)
+            else:
+                log.warning("%s", message)
+
+    def _emit(self, kind: str, message: str, now: float) -> None:
+        skipped = self._skipped.pop(kind, None)
+        if skipped and skipped[0]:
+            log.warning("%s (%d more like this since the last report)", message, skipped[0])
+        else:
+            log.warning("%s", message)
+        self._last[kind] = now
+
+
 def _enable_keepalive(sock) -> None:
     """TCP keepalive: a client host that vanished (crash, partition) is noticed within about
     a minute even while it has nothing in flight, and its peers get ncclRemoteError."""
@@ -87,9 +154,8 @@ class Connection(asyncio.BufferedProtocol):
     our buffers: a scratch buffer for frame headers and small bodies, and, while a
     socket-staged GROUP payload is arriving, the staging region itself (no copy)."""
 
-    __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing", "scratch",
-                 "scratch_mv", "direct", "fd", "outq", "_add_writer", "_writer_loop")
-    SCRATCH_BYTES = 64 * 1024  # headers and small frames; payloads are received in place
+    __slots__ = ("server", "core", "id", "transport", "parser", "peer", "closing", "direct", "fd", "outq",
+                 "_add_writer", "_writer_loop", "accepted_at", "held", "quiet")
 
     def __init__(self, server: "CoordinatorServer"):
         self.server = server
@@ -100,9 +166,10 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.parser = P.FrameParser(P.PRE_HELLO_MAX_BODY, accepted_types=P.CLIENT_TO_SERVER,
                                     payload_router=self._route_payload)
-        self.scratch = bytearray(self.SCRATCH_BYTES)
-        self.scratch_mv = memoryview(self.scratch)
         self.direct = False
+        self.accepted_at = 0.0
+        self.held: Optional[collections.deque] = None  # frames waiting while a GROUP is submitted in slices
+        self.quiet = False   # closed by the flood rules: the server logs those in summary
         self.fd = -1
         # Large answers still to send, as views of the staging memory (see write_pieces).
         self.outq: collections.deque = collections.deque()
@@ -136,6 +203,7 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self.peer = f"unix connection {self.id}"
         self.server.conns[self.id] = self
+        self.server.admit(self)
 
     def get_buffer(self, sizehint: int):
         target = self.parser.direct_buffer()
@@ -143,7 +211,7 @@ class Connection(asyncio.BufferedProtocol):
             self.direct = True
             return target
         self.direct = False
-        return self.scratch_mv
+        return self.server.scratch_mv
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closing:
@@ -151,7 +219,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.direct:
             self._dispatch(self.parser.direct_filled(nbytes))
         else:
-            self.data_received(self.scratch_mv[:nbytes])
+            self.data_received(self.server.scratch_mv[:nbytes])
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading its requests, so the
@@ -160,7 +228,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
+        if self.transport is not None and not self.closing and self.held is None:
             self.transport.resume_reading()
 
     def data_received(self, data) -> None:
@@ -181,16 +249,47 @@ class Connection(asyncio.BufferedProtocol):
         self._dispatch(frames)
 
     def _dispatch(self, frames: list) -> None:
+        if self.held is not None:   # a GROUP of ours is still being submitted: keep the order
+            self.held.extend(frames)
+            return
         core = self.core
         apply = self.server.apply
-        for frame in frames:
+        for i, frame in enumerate(frames):
             had_hello = frame.msg_type == P.HELLO
             apply(core.on_frame(self.id, frame, self.server.transport_name, self._staging_factory))
             if self.closing:
                 break
             if had_hello:
                 self.parser.max_body_len = core.max_body_len(self.id)
+                if self.id in core.clients:
+                    self.server.authenticated(self)
+            if core.submitting(self.id):
+                # A large GROUP goes in slices, one per loop turn; what this client sends
+                # meanwhile waits (in order) and its socket is not read.
+                self.held = collections.deque(frames[i + 1:])
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                self.server.continue_group(self)
+                break
         if core._records:
+            self.server.schedule_flush()
+
+    def continue_group(self) -> None:
+        """Submit the next slice of our GROUP; once it is all in, the frames held meanwhile."""
+        if self.closing:
+            return
+        self.server.apply(self.core.resume(self.id))
+        if self.closing:
+            return
+        if self.core.submitting(self.id):
+            self.server.continue_group(self)
+            return
+        held, self.held = self.held, None
+        if held:
+            self._dispatch(list(held))
+        if self.held is None and not self.closing and self.transport is not None:
+            self.transport.resume_reading()
+        if self.core._records:
             self.server.schedule_flush()
 
     def connection_lost(self, exc) -> None:
@@ -198,6 +297,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.outq:
             self._stop_writer()
         self.server.conns.pop(self.id, None)
+        self.server.unauthenticated.pop(self.id, None)
         reason = "connection closed" if exc is None else f"connection lost: {exc}"
         self.server.apply(self.core.disconnect(self.id, reason))
         self.server.schedule_flush()
@@ -268,7 +368,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.closing:
             return
         self.closing = True
-        log.warning("closing %s: %s", self.peer, reason)
+        if not self.quiet:
+            log.warning("closing %s: %s", self.peer, reason)
         if self.transport is not None:
             if self.outq:  # hand what is queued to the transport, which flushes before closing
                 pending = list(self.outq)
@@ -300,17 +401,29 @@ class Connection(asyncio.BufferedProtocol):
 class CoordinatorServer:
     def __init__(self, core: C.Core, *, transport: str, address: str,
                  write_reports: Optional[Callable[[str], None]] = None,
-                 report_interval_s: Optional[float] = None, tick_interval_s: Optional[float] = None):
+                 report_interval_s: Optional[float] = None, tick_interval_s: Optional[float] = None,
+                 hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
+                 max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED):
         self.core = core
         self.transport_name = transport
         self.address = address
         self.write_reports = write_reports
         self.report_interval_s = report_interval_s
-        self.tick_interval_s = tick_interval_s or max(0.01, min(0.25, core.timeout_s / 8))
+        self.hello_timeout_s = hello_timeout_s
+        self.max_unauthenticated = max(1, max_unauthenticated)
+        self.tick_interval_s = tick_interval_s or max(0.01, min(0.25, core.timeout_s / 8, hello_timeout_s / 4))
         self.conns: dict = {}
+        # Connections without a completed HELLO, oldest first (conn id -> Connection).
+        self.unauthenticated: collections.OrderedDict = collections.OrderedDict()
+        self.scratch_mv = memoryview(bytearray(SCRATCH_BYTES))
+        self.throttle = LogThrottle()
         self._flush_scheduled = False
         self._next_id = 0
-        self._server = None
+        self._listeners: list = []
+        self._accept_delay = ACCEPT_BACKOFF_S[0]
+        self._accept_tasks: set = set()
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
         self._stop_reason = ""
         self._created_dir: Optional[str] = None
@@ -332,6 +445,128 @@ class CoordinatorServer:
     def next_conn_id(self) -> int:
         self._next_id += 1
         return self._next_id
+
+    # -- connections that have not completed HELLO
+    def admit(self, conn: Connection) -> None:
+        """A new connection: it must complete HELLO within hello_timeout_s, and at most
+        max_unauthenticated such connections are open: the oldest goes to make room (an idle
+        flood ages out first, while a rank sends HELLO at once)."""
+        conn.accepted_at = time.monotonic()
+        pending = self.unauthenticated
+        while len(pending) >= self.max_unauthenticated:
+            _, oldest = pending.popitem(last=False)
+            self._close_quietly(oldest, "unauthenticated-limit",
+                                f"{self.max_unauthenticated} connections are open without a completed HELLO "
+                                f"(--max-unauthenticated); closed the oldest, from {oldest.peer}")
+        pending[conn.id] = conn
+
+    def authenticated(self, conn: Connection) -> None:
+        self.unauthenticated.pop(conn.id, None)
+
+    def _close_quietly(self, conn: Connection, kind: str, message: str) -> None:
+        conn.quiet = True
+        conn.close(message)
+        self.throttle.warning(kind, message)
+
+    def _expire_unauthenticated(self) -> None:
+        pending = self.unauthenticated
+        if not pending:
+            return
+        cutoff = time.monotonic() - self.hello_timeout_s
+        while pending:
+            conn = next(iter(pending.values()))
+            if conn.accepted_at > cutoff:
+                break
+            del pending[conn.id]
+            self._close_quietly(conn, "hello-timeout",
+                                f"closed {conn.peer}: no HELLO within {self.hello_timeout_s:g} s "
+                                "(--hello-timeout-ms)")
+
+    # -- accepting
+    def _start_accepting(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in self._listeners:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, sock: socket.socket) -> None:
+        loop = self._loop
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RESOURCE_ERRORS:
+                    self._accept_exhausted(exc)
+                else:
+                    self.throttle.warning("accept-error", f"accept() failed: {exc}")
+                return
+            self._accept_delay = ACCEPT_BACKOFF_S[0]
+            conn.setblocking(False)
+            task = loop.create_task(self._connect(conn))
+            self._accept_tasks.add(task)
+            task.add_done_callback(self._accept_tasks.discard)
+
+    def _accept_exhausted(self, exc: OSError) -> None:
+        """Out of descriptors (or kernel memory): stop accepting for a moment instead of
+        spinning on a listening socket that stays readable. Unauthenticated connections past
+        half their time are closed, oldest first, to make room."""
+        delay = self._accept_delay
+        self._accept_delay = min(ACCEPT_BACKOFF_S[1], delay * 2)
+        freed = 0
+        cutoff = time.monotonic() - self.hello_timeout_s / 2
+        pending = self.unauthenticated
+        while pending and freed < ACCEPT_BATCH:
+            conn = next(iter(pending.values()))
+            if conn.accepted_at > cutoff:
+                break
+            del pending[conn.id]
+            conn.quiet = True
+            conn.close("out of file descriptors")
+            freed += 1
+        self.throttle.warning(
+            "accept-exhausted",
+            f"cannot accept connections: {exc.strerror or exc} ({len(self.conns)} open, "
+            f"{len(self.unauthenticated)} without HELLO); closed {freed} unauthenticated, pausing accept for "
+            f"{delay:g} s. Raise the open-files limit (ulimit -n) for larger jobs")
+        loop = self._loop
+        for sock in self._listeners:
+            loop.remove_reader(sock.fileno())
+        loop.call_later(delay, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._stop is not None and self._stop.is_set():
+            return
+        for sock in self._listeners:
+            if sock.fileno() >= 0:
+                self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(lambda: Connection(self), conn)
+        except OSError as exc:
+            conn.close()
+            self.throttle.warning("accept-error", f"setting up an accepted connection failed: {exc}")
+
+    # -- heavy work off the event loop
+    def _offload(self, job) -> None:
+        """Core hook: run ``job.run()`` in the worker thread, then hand it back to the core on
+        the loop. One worker: jobs run in submission order."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                   thread_name_prefix="fakegpu-execute")
+        loop = self._loop
+        future = self._executor.submit(job.run)
+        future.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._executed, job))
+
+    def _executed(self, job) -> None:
+        self.apply(self.core.executed(job))
+        self.schedule_flush()
+
+    def continue_group(self, conn: Connection) -> None:
+        self._loop.call_soon(conn.continue_group)
 
     # -- actions from the core
     def apply(self, actions: list) -> None:
@@ -358,18 +593,22 @@ class CoordinatorServer:
 
     # -- listening
     async def start(self) -> str:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self._stop is None:
             self._stop = asyncio.Event()
         if self.core.local_collectives:
             remove_stale_arenas()
         if self.transport_name == "unix":
             path = self._prepare_unix_path(self.address)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self._server = await loop.create_unix_server(lambda: Connection(self), path)
+                sock.bind(path)
+                sock.listen(socket.SOMAXCONN)
             except OSError as exc:
+                sock.close()
                 raise ServerError(f"cannot listen on unix socket {path}: {exc.strerror or exc}") from None
             os.chmod(path, 0o600)
+            self._listeners = [sock]
             self.listen_address = path
         else:
             from fakegpu.env import parse_tcp_address
@@ -380,14 +619,46 @@ class CoordinatorServer:
                     "address could join or shut down the job. Pass --token/--token-file (or set "
                     "FAKEGPU_COORDINATOR_TOKEN / FAKEGPU_COORDINATOR_TOKEN_FILE), or listen on 127.0.0.1")
             try:
-                self._server = await loop.create_server(lambda: Connection(self), host, port,
-                                                        reuse_address=True)
+                self._listeners = self._tcp_listeners(host, port)
             except OSError as exc:
                 raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-            sockname = self._server.sockets[0].getsockname()
+            sockname = self._listeners[0].getsockname()
             shown = f"[{sockname[0]}]" if ":" in sockname[0] else sockname[0]
             self.listen_address = f"{shown}:{sockname[1]}"
+        for sock in self._listeners:
+            sock.setblocking(False)
+        self._start_accepting()
+        _raise_open_files_limit()
+        self.core.offload = self._offload
+        self.core.group_slice_ops = GROUP_SLICE_OPS
         return self.listen_address
+
+    @staticmethod
+    def _tcp_listeners(host: str, port: int) -> list:
+        """Listening sockets for every address ``host`` resolves to (as asyncio's create_server
+        binds them), all on one port: the first one's, when port 0 asked for any."""
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socks: list = []
+        seen = set()
+        try:
+            for family, kind, proto, _, addr in infos:
+                if (family, addr) in seen:
+                    continue
+                seen.add((family, addr))
+                if socks and port == 0:
+                    addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+                sock = socket.socket(family, kind, proto)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.listen(socket.SOMAXCONN)
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
 
     def _prepare_unix_path(self, path: str) -> str:
         path = os.path.abspath(path)
@@ -456,6 +727,8 @@ class CoordinatorServer:
             try:
                 self.apply(self.core.tick())
                 self.core.flush_records()
+                self._expire_unauthenticated()
+                self.throttle.flush()
             except Exception:  # never let a bug stop timeouts from firing
                 log.exception("timeout tick failed")
 
@@ -466,20 +739,22 @@ class CoordinatorServer:
                 self.write_reports("periodic")
 
     async def close(self) -> None:
+        for sock in self._listeners:
+            if sock.fileno() >= 0:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+        if self._executor is not None:
+            # A reduction still running finishes first (it writes into staging memory).
+            await self._loop.run_in_executor(None, self._executor.shutdown, True)
         self.core.flush_records()
         self.core.close()   # unlink the arenas of communicators still alive
-        if self._server is not None:
-            self._server.close()
+        for task in list(self._accept_tasks):
+            task.cancel()
         for conn in list(self.conns.values()):
             conn.closing = True
             if conn.transport is not None:
                 conn.transport.close()
         await asyncio.sleep(0)
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            except (asyncio.TimeoutError, Exception):
-                pass
         if self.transport_name == "unix":
             try:
                 os.unlink(self.listen_address)
@@ -493,11 +768,27 @@ class CoordinatorServer:
                     pass
 
 
+def _raise_open_files_limit() -> None:
+    """Every rank holds one connection: let the coordinator use as many descriptors as the
+    hard limit allows (the soft limit is often 1024)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 async def run_server(core: C.Core, *, transport: str, address: str, on_listening: Callable[[str], None],
                      write_reports: Optional[Callable[[str], None]] = None,
-                     report_interval_s: Optional[float] = None) -> str:
+                     report_interval_s: Optional[float] = None,
+                     hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
+                     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED) -> str:
     server = CoordinatorServer(core, transport=transport, address=address, write_reports=write_reports,
-                               report_interval_s=report_interval_s)
+                               report_interval_s=report_interval_s, hello_timeout_s=hello_timeout_s,
+                               max_unauthenticated=max_unauthenticated)
     server.install_signal_handlers()  # before announcing: a SIGTERM right after must still write reports
     addr = await server.start()
     on_listening(addr)

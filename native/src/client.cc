@@ -38,6 +38,15 @@ int wait_margin_ms() {
 }
 // Used until HELLO_OK tells us the coordinator's timeout.
 constexpr int kDefaultTimeoutMs = 300000;
+// FAKEGPU_CONNECT_TIMEOUT_MS: connecting, and then the answer to HELLO, each within this.
+constexpr long long kConnectTimeoutMs = 2000;
+// Pause between tries when the coordinator closed the connection before answering HELLO.
+constexpr int kRetryPauseMs = 50;
+
+long long monotonic_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 Client* g_client = nullptr;
@@ -141,16 +150,40 @@ ncclResult_t Client::connect_new(Client** out) {
                  "fakegpu: FAKEGPU_STAGING_CHUNK_BYTES='%s' is not a byte count between %llu and 1T",
                  staging_text.c_str(), (unsigned long long)kMinStagingBytes);
   bool want_shm = transport == "unix" && !env::flag("FAKEGPU_STAGING_FORCE_SOCKET");
+  uint32_t timeout_ms = env_timeout > 0 ? static_cast<uint32_t>(env_timeout) : kDefaultTimeoutMs;
 
+  // Getting in is bounded: connecting (retried while refused or missing) within the connect
+  // timeout, and then the answer to HELLO within the connect timeout again. A coordinator that
+  // closes the connection before answering (at its limit of connections without HELLO, or out
+  // of descriptors) is tried again while the first timeout lasts.
+  long long t = env::integer("FAKEGPU_CONNECT_TIMEOUT_MS", kConnectTimeoutMs, &bad);
+  if (bad || t <= 0)
+    return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_CONNECT_TIMEOUT_MS='%s' is not a positive integer",
+                 getenv("FAKEGPU_CONNECT_TIMEOUT_MS"));
+  int connect_timeout_ms = t > INT32_MAX / 2 ? INT32_MAX / 2 : static_cast<int>(t);
+  const long long deadline = monotonic_ms() + connect_timeout_ms;
+  for (;;) {
+    bool retry = false;
+    ncclResult_t rc = connect_once(transport, addr, staging, want_shm, timeout_ms, connect_timeout_ms, deadline,
+                                   &retry, out);
+    if (rc == ncclSuccess || !retry || monotonic_ms() + kRetryPauseMs >= deadline) return rc;
+    usleep(kRetryPauseMs * 1000);
+  }
+}
+
+ncclResult_t Client::connect_once(const std::string& transport, const std::string& addr, uint64_t staging,
+                                  bool want_shm, uint32_t timeout_ms, int connect_timeout_ms, long long deadline_ms,
+                                  bool* retry, Client** out) {
   Client* c = new Client();
   c->address_ = transport + ":" + addr;
   c->staging_bytes_ = staging;
-  c->timeout_ms_ = env_timeout > 0 ? static_cast<uint32_t>(env_timeout) : kDefaultTimeoutMs;
+  c->timeout_ms_ = timeout_ms;
 
-  int connect_timeout_ms = static_cast<int>(env::integer("FAKEGPU_CONNECT_TIMEOUT_MS", 2000));
+  long long left = deadline_ms - monotonic_ms();
+  int connect_ms = left > 1 ? static_cast<int>(left) : 1;
   std::string err;
-  c->fd_ = transport == "unix" ? transport::connect_unix(addr, connect_timeout_ms, &err)
-                               : transport::connect_tcp(addr, connect_timeout_ms, &err);
+  c->fd_ = transport == "unix" ? transport::connect_unix(addr, connect_ms, &err)
+                               : transport::connect_tcp(addr, connect_ms, &err);
   if (c->fd_ < 0) {
     delete c;
     return failf(ncclSystemError,
@@ -158,7 +191,7 @@ ncclResult_t Client::connect_new(Client** out) {
                  "FAKEGPU_COORDINATOR_TRANSPORT=%s): %s; is the coordinator running?",
                  (transport + ":" + addr).c_str(), addr.c_str(), transport.c_str(), err.c_str());
   }
-  transport::tune_socket(c->fd_, c->wait_timeout_ms());
+  transport::tune_socket(c->fd_, connect_timeout_ms);  // the HELLO answer is bounded by it too
 
   if (want_shm) {
     // One segment for the process's whole life: [0,S) input region, [S,2S) output region.
@@ -183,7 +216,7 @@ ncclResult_t Client::connect_new(Client** out) {
     if (!c->shm_base_) c->shm_name_.clear();  // fall back to socket staging
   }
 
-  ncclResult_t rc = c->hello();
+  ncclResult_t rc = c->hello(connect_timeout_ms, retry);
   if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
   if (rc != ncclSuccess) {
     if (c->shm_base_) munmap(c->shm_base_, c->shm_map_len_);
@@ -195,7 +228,7 @@ ncclResult_t Client::connect_new(Client** out) {
   return ncclSuccess;
 }
 
-ncclResult_t Client::hello() {
+ncclResult_t Client::hello(int answer_timeout_ms, bool* retry) {
   proto::Hello h;
   h.flags = shm_base_ ? proto::kHelloShm : 0;
   // Host-local collectives need the shared memory too (docs/protocol.md, arenas).
@@ -213,8 +246,23 @@ ncclResult_t Client::hello() {
   proto::encode(w, h);
 
   Pending p;
-  ncclResult_t rc = call(&p, proto::kHello, body);
-  if (rc != ncclSuccess) return rc;
+  iovec iov{body.data(), body.size()};
+  ncclResult_t rc = request(&p, proto::kHello, &iov, 1);
+  bool timed_out = false;
+  if (rc == ncclSuccess) rc = wait(&p, answer_timeout_ms, &timed_out);
+  if (timed_out)
+    return failf(ncclSystemError,
+                 "fakegpu: the coordinator at %s accepted the connection but did not answer HELLO within %d ms "
+                 "(FAKEGPU_CONNECT_TIMEOUT_MS): it is overloaded, stuck or out of file descriptors; see its log",
+                 address_.c_str(), answer_timeout_ms);
+  if (rc != ncclSuccess) {
+    *retry = true;
+    return failf(ncclSystemError,
+                 "fakegpu: the coordinator at %s closed the connection before answering HELLO (%s): it closes "
+                 "connections beyond its limit of connections without HELLO (--max-unauthenticated) and when it "
+                 "runs out of file descriptors; see its log",
+                 address_.c_str(), p.fail_msg.empty() ? "connection broke" : p.fail_msg.c_str());
+  }
   proto::Reader r(p.body.data(), p.body.size());
   if (p.hdr.type == proto::kError) {
     proto::Error e;
@@ -500,9 +548,9 @@ void Client::unregister(Pending* p) {
   if (it != pending_.end()) pending_.erase(it);
 }
 
-ncclResult_t Client::wait(Pending* p) {
+ncclResult_t Client::wait(Pending* p, int timeout_ms, bool* timed_out_out) {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::milliseconds(wait_timeout_ms());
+  const auto deadline = clock::now() + std::chrono::milliseconds(timeout_ms >= 0 ? timeout_ms : wait_timeout_ms());
   std::unique_lock<std::mutex> lk(mu_);
   bool timed_out = false;
   while (!p->done) {
@@ -529,6 +577,8 @@ ncclResult_t Client::wait(Pending* p) {
   auto it = std::find(pending_.begin(), pending_.end(), p);
   if (it != pending_.end()) pending_.erase(it);
   lk.unlock();
+  if (timed_out_out) *timed_out_out = timed_out;
+  if (timed_out && timeout_ms >= 0) return ncclSystemError;  // the caller words the message
   if (timed_out)
     return failf(ncclSystemError,
                  "fakegpu: no answer from the coordinator at %s within %d ms (its timeout_ms %u plus a %d ms "

@@ -66,8 +66,9 @@ class Client {
   // Sends one request whose body is the concatenation of iov[0..iovcnt). `p` is
   // registered before the bytes leave, so its response cannot be missed.
   ncclResult_t request(Pending* p, uint16_t type, const iovec* iov, int iovcnt);
-  // Blocks until p's response arrived, the connection failed, or the wait timed out.
-  ncclResult_t wait(Pending* p);
+  // Blocks until p's response arrived, the connection failed, or the wait timed out
+  // (after `timeout_ms`, or wait_timeout_ms() when negative; *timed_out tells which).
+  ncclResult_t wait(Pending* p, int timeout_ms = -1, bool* timed_out = nullptr);
   // False once the coordinator closed the connection (checked without blocking or reading).
   bool connection_alive();
   // Sends a frame that is never answered (request_id 0), e.g. LOCAL_OPS.
@@ -95,7 +96,12 @@ class Client {
  private:
   Client() = default;
   static ncclResult_t connect_new(Client** out);
-  ncclResult_t hello();
+  // One try at connecting and HELLO; *retry when the coordinator closed the connection
+  // before answering HELLO (it may be shedding connections: trying again can succeed).
+  static ncclResult_t connect_once(const std::string& transport, const std::string& addr, uint64_t staging,
+                                   bool want_shm, uint32_t timeout_ms, int connect_timeout_ms, long long deadline_ms,
+                                   bool* retry, Client** out);
+  ncclResult_t hello(int answer_timeout_ms, bool* retry);
 
   enum ReadOutcome { kFrame, kIdleTimeout, kDead };
   ReadOutcome read_one_frame();
