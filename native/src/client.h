@@ -96,6 +96,8 @@ class Client {
   Client() = default;
   static ncclResult_t connect_new(Client** out);
   ncclResult_t hello();
+  // Maps the staging segment the coordinator granted (after making sure it is allocated).
+  ncclResult_t map_staging();
 
   enum ReadOutcome { kFrame, kIdleTimeout, kDead };
   ReadOutcome read_one_frame();
@@ -116,6 +118,7 @@ class Client {
   bool local_ = false;
   size_t shm_map_len_ = 0;
   std::string shm_name_;
+  int shm_fd_ = -1;  // the staging segment, open from creation until HELLO is answered
 
   std::atomic<uint32_t> next_id_{1};
   std::mutex send_mu_;  // one frame at a time on the wire

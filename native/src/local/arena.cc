@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <string>
 
 namespace fakegpu::local {
 namespace {
@@ -62,6 +63,14 @@ Arena* Arena::open(const std::string& path, uint64_t total_bytes, uint64_t slot_
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != total_bytes) {
     close(fd);
     *err = path + " does not have the size the coordinator announced";
+    return nullptr;
+  }
+  // The coordinator allocated the file (posix_fallocate); allocating again is a no-op then, and
+  // guarantees this rank never touches a page /dev/shm cannot back (SIGBUS mid-collective).
+  int alloc_err = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes));
+  if (alloc_err != 0) {
+    close(fd);
+    *err = "cannot allocate " + path + " (" + std::to_string(total_bytes) + " bytes): " + strerror(alloc_err);
     return nullptr;
   }
   void* p = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
