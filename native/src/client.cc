@@ -16,6 +16,7 @@
 
 #include "env.h"
 #include "last_error.h"
+#include "shm_alloc.h"
 #include "transport/transport.h"
 
 namespace fakegpu {
@@ -236,15 +237,13 @@ ncclResult_t Client::hello() {
 }
 
 ncclResult_t Client::map_staging() {
-  // The coordinator allocated [0, 2S) before it granted shared memory, so this is a no-op; it
-  // keeps the rule local all the same: this process never maps a page /dev/shm has not backed.
   const size_t len = 2 * staging_bytes_;
-  int err = posix_fallocate(shm_fd_, 0, static_cast<off_t>(len));
-  if (err != 0)
+  if (!fully_allocated(shm_fd_, len))
     return failf(ncclSystemError,
-                 "fakegpu: cannot allocate the %llu-byte shared-memory staging segment %s in /dev/shm: %s; free "
-                 "space in /dev/shm, lower FAKEGPU_STAGING_CHUNK_BYTES, or set FAKEGPU_STAGING_FORCE_SOCKET=1",
-                 (unsigned long long)len, shm_name_.c_str(), strerror(err));
+                 "fakegpu: the coordinator granted shared-memory staging but the segment %s is not allocated to "
+                 "%llu bytes; refusing to map it (a page /dev/shm cannot back would be a SIGBUS); set "
+                 "FAKEGPU_STAGING_FORCE_SOCKET=1 to stage through the socket",
+                 shm_name_.c_str(), (unsigned long long)len);
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd_, 0);
   if (p == MAP_FAILED)
     return failf(ncclSystemError, "fakegpu: cannot map the shared-memory staging segment %s (%llu bytes): %s",

@@ -5,7 +5,7 @@ private mount namespace whose /dev/shm is a tmpfs of a given size (root only).
 
 runs the job described by SPEC (and is what ``run_world_job`` starts, under ``unshare -m``
 when a /dev/shm size is asked for). RESULT holds each rank's exit status and output, the
-coordinator's PING status and log, and the fakegpu files left in /dev/shm.
+coordinator's PING status and log, and the files of this job left in /dev/shm.
 """
 from __future__ import annotations
 
@@ -104,10 +104,11 @@ def _main(spec_path: str, result_path: str) -> int:
             log.close()
         result["outputs"] = outputs
         result["status"] = _status(coord) if coord.alive() else None
-        result["shm_files_during"] = sorted(f for f in os.listdir("/dev/shm") if f.startswith("fakegpu"))
         coord.stop()
         result["coordinator_log"] = coord.log(400)
-    result["shm_files_after"] = sorted(f for f in os.listdir("/dev/shm") if f.startswith("fakegpu"))
+    # This job's files only: other jobs may share /dev/shm.
+    ours = (f"fakegpu-arena-{coord.proc.pid}-",) + tuple(f"fakegpu-{p.pid}-" for p in procs)
+    result["shm_files_after"] = sorted(f for f in os.listdir("/dev/shm") if f.startswith(ours))
     Path(result_path).write_text(json.dumps(result))
     return 0
 

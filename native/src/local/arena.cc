@@ -13,6 +13,8 @@
 #include <cstring>
 #include <string>
 
+#include "../shm_alloc.h"
+
 namespace fakegpu::local {
 namespace {
 
@@ -65,12 +67,9 @@ Arena* Arena::open(const std::string& path, uint64_t total_bytes, uint64_t slot_
     *err = path + " does not have the size the coordinator announced";
     return nullptr;
   }
-  // The coordinator allocated the file (posix_fallocate); allocating again is a no-op then, and
-  // guarantees this rank never touches a page /dev/shm cannot back (SIGBUS mid-collective).
-  int alloc_err = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes));
-  if (alloc_err != 0) {
+  if (!fully_allocated(fd, total_bytes)) {
     close(fd);
-    *err = "cannot allocate " + path + " (" + std::to_string(total_bytes) + " bytes): " + strerror(alloc_err);
+    *err = path + " is not allocated (a sparse file: a page /dev/shm cannot back would be a SIGBUS)";
     return nullptr;
   }
   void* p = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
