@@ -53,9 +53,8 @@ def _check_arena_used(result: dict, calls: int) -> None:
     """The world had an arena and ran calls in it. A call whose ranks arrive more than the
     arena's patience (5 s) apart is decided by the coordinator instead, which with hundreds of
     processes on a loaded machine can happen; every call is one or the other."""
-    status = result["status"]
-    assert status["arenas"] == 1 and status["local_ops"] >= 1, status
-    assert status["local_ops"] + status["ops"] == calls, status
+    status = result["status"]   # "ops" counts every call, "local_ops" those run in an arena
+    assert status["arenas"] == 1 and 1 <= status["local_ops"] <= calls and status["ops"] == calls, status
 
 
 def _lines(result: dict, text: str) -> list[str]:
