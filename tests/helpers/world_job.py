@@ -5,7 +5,8 @@ private mount namespace whose /dev/shm is a tmpfs of a given size (root only).
 
 runs the job described by SPEC (and is what ``run_world_job`` starts, under ``unshare -m``
 when a /dev/shm size is asked for). RESULT holds each rank's exit status and output, the
-coordinator's PING status and log, and the files of this job left in /dev/shm.
+coordinator's PING status and log (and its exit status, if it died before the ranks ended),
+and the files of this job left in /dev/shm.
 """
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ def _main(spec_path: str, result_path: str) -> int:
             outputs.append(log.read())
             log.close()
         result["outputs"] = outputs
-        result["status"] = _status(coord) if coord.alive() else None
+        died = coord.proc.poll()         # not None: the coordinator ended before the ranks did
+        result["coordinator_died"] = died
+        result["status"] = _status(coord) if died is None else None
         coord.stop()
         result["coordinator_log"] = coord.log(400)
     # This job's files only: other jobs may share /dev/shm.
