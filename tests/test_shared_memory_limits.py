@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +183,51 @@ def test_coordinator_allocates_an_empty_segment_before_mapping_it():
         region[:] = 7                    # every page is there
     finally:
         os.unlink(path)
+
+
+_GRANT_WITHOUT_ALLOCATING = r"""
+import os, socket, sys, threading
+from fakegpu import protocol as P
+from fakegpu.nccl import Nccl, NcclError
+
+path = sys.argv[1]
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(path)
+srv.listen(1)
+
+def serve():
+    conn, _ = srv.accept()
+    parser = P.FrameParser(1 << 20)
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        for frame in parser.feed(data):
+            if frame.msg_type == P.HELLO:
+                # bit0 (shared memory accepted) for a segment nobody allocated: a coordinator
+                # that broke the rule. The shim must refuse to map it, not SIGBUS later.
+                ok = P.HelloOk(client_id=1, flags=P.HELLO_FLAG_SHM, staging_bytes=1 << 20, timeout_ms=5000)
+                conn.sendall(P.encode_frame(ok, frame.request_id))
+
+threading.Thread(target=serve, daemon=True).start()
+os.environ.update(FAKEGPU_COORDINATOR_TRANSPORT="unix", FAKEGPU_COORDINATOR_ADDR=path)
+nccl = Nccl()
+try:
+    nccl.comm_init_rank(1, bytes(128), 0)
+except NcclError as exc:
+    print("REFUSED", exc.name, exc)
+    sys.exit(0)
+print("MAPPED")
+sys.exit(1)
+"""
+
+
+def test_shim_refuses_to_map_a_segment_the_coordinator_did_not_allocate(shim_library, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env.update(FAKEGPU_NCCL_LIBRARY=shim_library, FAKEGPU_DIST_MODE="simulate",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", _GRANT_WITHOUT_ALLOCATING, str(tmp_path / "c.sock")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "REFUSED ncclSystemError" in proc.stdout and "is not allocated" in proc.stdout, proc.stdout
