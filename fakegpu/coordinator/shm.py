@@ -16,14 +16,11 @@ rank of a job gets the same S and cuts its calls into the same steps.
 """
 from __future__ import annotations
 
-import logging
 import os
 from typing import Optional
 
-log = logging.getLogger("fakegpu.coordinator")
-
 SHM_DIR = "/dev/shm"
-# Smallest S the sizing rule picks: at 64 KiB a 4096-rank world still fits a few GiB.
+# Smallest S the sizing rule picks, however large the world (or small the host).
 MIN_DEFAULT_STAGING_BYTES = 64 << 10
 # Fraction of min(/dev/shm size, physical memory) the staging segments of one world may take;
 # the rest is left to arenas, the ranks themselves and whatever else uses /dev/shm.
@@ -66,6 +63,7 @@ def allocate(fd: int, nbytes: int) -> Optional[OSError]:
 
 
 def describe_bytes(n: int) -> str:
+    """``n`` for log lines: 10.0 MiB."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
