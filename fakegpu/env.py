@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 DEFAULT_TIMEOUT_MS = 600_000
-DEFAULT_STAGING_CHUNK_BYTES = 32 << 20
 MIN_STAGING_CHUNK_BYTES = 4096
 DEFAULT_REPORT_MAX_OPERATIONS = 4096
 
@@ -108,7 +107,8 @@ class FakegpuEnv:
     coordinator_addr: Optional[str] = None
     coordinator_timeout_ms: int = DEFAULT_TIMEOUT_MS
     coordinator_token: str = ""
-    staging_chunk_bytes: int = DEFAULT_STAGING_CHUNK_BYTES
+    # None: the coordinator chooses, smaller for large worlds (docs/protocol.md, "Staging size")
+    staging_chunk_bytes: Optional[int] = None
     staging_force_socket: bool = False
     cluster_config: Optional[str] = None
     cluster_report_path: Optional[str] = None
@@ -184,7 +184,7 @@ def load_env(env: Optional[Mapping[str, str]] = None) -> FakegpuEnv:
     timeout = DEFAULT_TIMEOUT_MS
     if env.get("FAKEGPU_COORDINATOR_TIMEOUT_MS", "").strip():
         timeout = parse_int(env["FAKEGPU_COORDINATOR_TIMEOUT_MS"], "FAKEGPU_COORDINATOR_TIMEOUT_MS", minimum=1)
-    chunk = DEFAULT_STAGING_CHUNK_BYTES
+    chunk = None
     if env.get("FAKEGPU_STAGING_CHUNK_BYTES", "").strip():
         chunk = parse_size(env["FAKEGPU_STAGING_CHUNK_BYTES"], "FAKEGPU_STAGING_CHUNK_BYTES")
         if chunk < MIN_STAGING_CHUNK_BYTES:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import logging
 import os
 import signal
 import socket
@@ -251,12 +252,38 @@ def test_refused_once_a_member_is_gone_and_stays_refused(make):
     assert "rank 2" in _refusal(h, handles[:2], [0, 1])
 
 
-def test_refused_when_the_file_cannot_be_created(make):
+def test_refused_when_the_file_cannot_be_created(make, caplog):
     def broken(comm_id, nranks, slot):
         raise OSError(28, "No space left on device")
 
     h = make(arena_factory=broken)
-    assert "No space left on device" in _refusal(h, world(h, 2), [0, 1])
+    handles = world(h, 3)
+    with caplog.at_level(logging.INFO, logger="fakegpu.coordinator"):
+        reason = _refusal(h, handles, [0, 1, 2])
+        for conn in range(3):                       # asked again: the same answer, no new line
+            assert h.arena(conn, handles[conn]).granted == 0
+    assert "No space left on device" in reason and "go through the coordinator" in reason
+    lines = [r.getMessage() for r in caplog.records if "arena" in r.getMessage()]
+    assert len(lines) == 1 and "No space left on device" in lines[0], lines
+
+
+def test_arena_file_is_allocated_not_sparse(make):
+    # A sparse file on a /dev/shm too small for it kills the ranks with SIGBUS mid-call; every
+    # page is allocated when the arena is created.
+    h = make()
+    _, path = _granted(h)
+    st = os.stat(path)
+    assert st.st_blocks * 512 >= st.st_size > 0
+
+
+def test_create_arena_leaves_nothing_behind_when_allocation_fails(tmp_path, monkeypatch):
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(A.os, "posix_fallocate", no_space)
+    with pytest.raises(OSError):
+        A.create_arena(1, 2, 4096, directory=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- flags and removal

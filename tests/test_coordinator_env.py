@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakegpu.env import (DEFAULT_STAGING_CHUNK_BYTES, DEFAULT_TIMEOUT_MS, ConfigError, load_env,
-                         parse_size, parse_tcp_address)
+from fakegpu.env import DEFAULT_TIMEOUT_MS, ConfigError, load_env, parse_size, parse_tcp_address
 
 
 def test_defaults():
@@ -12,7 +11,7 @@ def test_defaults():
     assert env.dist_mode == "simulate" and env.mode == "simulate"
     assert env.coordinator_transport == "unix" and env.coordinator_addr is None
     assert env.coordinator_timeout_ms == DEFAULT_TIMEOUT_MS == 600_000
-    assert env.staging_chunk_bytes == DEFAULT_STAGING_CHUNK_BYTES == 32 << 20
+    assert env.staging_chunk_bytes is None   # the coordinator chooses
     assert not env.staging_force_socket and env.cluster_report_max_operations == 4096
     with pytest.raises(ConfigError, match="FAKEGPU_COORDINATOR_ADDR is not set"):
         env.require_coordinator()

@@ -126,16 +126,17 @@ def arena_path(directory: str, comm_id: int) -> str:
 
 
 def create_arena(comm_id: int, nranks: int, slot_bytes: int, directory: str = "/dev/shm") -> Arena:
-    """Create, size, map and stamp the arena file of communicator ``comm_id``.
+    """Create, allocate, map and stamp the arena file of communicator ``comm_id``.
 
-    Raises OSError when the file cannot be made (no /dev/shm, out of space); nothing is left
-    behind then."""
+    Every page is allocated now (posix_fallocate): a sparse file on a /dev/shm too small for it
+    would kill the ranks with SIGBUS at their first large call. Raises OSError when the file
+    cannot be made or allocated (no /dev/shm, ENOSPC); nothing is left behind then."""
     path = arena_path(directory, comm_id)
     size = total_bytes(nranks, slot_bytes)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
-            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)   # also sets the size; the pages come zero-filled
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -34,6 +34,7 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu.coordinator import arena as A
+from fakegpu.coordinator import shm as SHM
 from fakegpu.coordinator.collectives import EXECUTORS
 from fakegpu.coordinator.collectives.numerics import DTYPES
 from fakegpu.coordinator.collectives.sendrecv import execute as copy_p2p
@@ -131,12 +132,15 @@ class Core:
                  transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False,
                  faults: Optional[FaultPlan] = None, max_events: int = 1000,
                  local_collectives: Optional[bool] = None, local_slot_bytes: Optional[int] = None,
-                 arena_factory: Optional[A.ArenaFactory] = None):
+                 arena_factory: Optional[A.ArenaFactory] = None, host_shm_bytes: Optional[int] = None):
         self.token = token
         self.timeout_ms = int(timeout_ms)
         self.timeout_s = timeout_ms / 1000.0
         self.default_staging_bytes = default_staging_bytes
         self.max_staging_bytes = max_staging_bytes
+        # min(/dev/shm size, physical memory), the base of the default staging size (shm.py);
+        # read at the first HELLO that needs it.
+        self.host_shm_bytes = host_shm_bytes
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.recording = not isinstance(self.recorder, NullRecorder)
         self.defer_records = defer_records
@@ -366,8 +370,7 @@ class Core:
                                                           "authentication failed")))
             self._out.append((CLOSE, conn_id, reason))
             return
-        requested = hello.staging_bytes or self.default_staging_bytes
-        S = max(MIN_STAGING_BYTES, min(requested, self.max_staging_bytes))
+        S = max(MIN_STAGING_BYTES, min(self._staging_size(hello), self.max_staging_bytes))
         staging, shm = staging_factory(hello, S)
         client = Client(conn_id, hello, transport, staging, S, shm)
         self.clients[conn_id] = client
@@ -382,6 +385,16 @@ class Core:
                 flags |= P.HELLO_FLAG_LOCAL
         body = struct.pack("<IIQI", conn_id, flags, S, self.timeout_ms)
         self._send(client, frame_bytes(P.HELLO_OK, frame.request_id, body))
+
+    def _staging_size(self, hello) -> int:
+        """S before the limits: what the client asked for, or, when it left the choice to the
+        coordinator (0, the shim's default), a size that shrinks with its world so that the
+        segments of all its ranks fit the host's shared memory together (shm.py)."""
+        if hello.staging_bytes:
+            return hello.staging_bytes
+        if self.host_shm_bytes is None:
+            self.host_shm_bytes = SHM.host_shm_bytes()
+        return SHM.default_staging_bytes(hello.world_size, self.host_shm_bytes, self.default_staging_bytes)
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
         msg = P.decode_body(P.SHUTDOWN, frame.body)
@@ -1345,7 +1358,10 @@ class Core:
                 try:
                     comm.arena = self.arena_factory(comm.id, comm.nranks, slot)
                 except OSError as exc:
-                    refusal = f"creating the arena file failed: {exc.strerror or exc}"
+                    # Decided once for the communicator, so this is its only line.
+                    size = SHM.describe_bytes(A.total_bytes(comm.nranks, slot))
+                    refusal = (f"cannot allocate its {size} arena in /dev/shm ({exc.strerror or exc}); "
+                               "its collectives go through the coordinator")
                     log.warning("%s: %s", comm.label(), refusal)
                 else:
                     self.arenas[comm.id] = comm.arena

@@ -36,6 +36,7 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu.coordinator import core as C
+from fakegpu.coordinator import shm as SHM
 from fakegpu.coordinator.arena import remove_stale_arenas
 from fakegpu.env import is_loopback_host
 
@@ -70,13 +71,20 @@ class ServerError(RuntimeError):
     """The coordinator cannot listen where it was asked to (message says why)."""
 
 
+_staging_fallbacks = 0   # clients whose segment could not be allocated (the first one is a warning)
+
+
 def map_shm_segment(name: str, S: int):
-    """Map the client's staging segment (2*S bytes) from /dev/shm; None when impossible."""
+    """Allocate (posix_fallocate) and map the client's staging segment, 2*S bytes, from
+    /dev/shm; None when impossible, and the client then uses socket staging. The client made
+    the segment empty and maps it only after HELLO_OK, so neither side ever maps a page
+    /dev/shm cannot back."""
+    global _staging_fallbacks
     base = name[1:] if name.startswith("/") else name
     if not base or "/" in base or base in (".", ".."):
         log.warning("refusing shared-memory name %r (not a plain POSIX shm name)", name)
         return None
-    path = os.path.join("/dev/shm", base)
+    path = os.path.join(SHM.SHM_DIR, base)
     try:
         fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -84,8 +92,17 @@ def map_shm_segment(name: str, S: int):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < 2 * S:
-            log.info("shared memory %s is %d bytes, need %d; using socket staging", path, st.st_size, 2 * S)
+        if not stat.S_ISREG(st.st_mode):
+            log.info("shared memory %s is not a regular file; using socket staging", path)
+            return None
+        exc = SHM.allocate(fd, 2 * S)
+        if exc is not None:
+            _staging_fallbacks += 1
+            (log.warning if _staging_fallbacks == 1 else log.info)(
+                "cannot allocate the %s staging segment %s (%s); this client uses socket staging%s",
+                SHM.describe_bytes(2 * S), path, exc.strerror or exc,
+                " (later clients that fail too are logged at info level)" if _staging_fallbacks == 1 else "")
+            os.ftruncate(fd, 0)   # give back what was allocated before it failed
             return None
         mm = mmap.mmap(fd, 2 * S, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError as exc:

@@ -16,14 +16,15 @@
 
 #include "env.h"
 #include "last_error.h"
+#include "shm_alloc.h"
 #include "transport/transport.h"
 
 namespace fakegpu {
 
 namespace {
 
-constexpr uint64_t kDefaultStagingBytes = 32ull << 20;
 constexpr uint64_t kMinStagingBytes = 4096;
+constexpr uint64_t kMaxStagingBytes = 1ull << 40;
 // Extra time a client waits beyond the coordinator's own timeout before it declares the
 // coordinator unresponsive: the coordinator answers timeouts itself, this is the backstop.
 // FAKEGPU_CLIENT_WAIT_MARGIN_MS overrides it (tests use a short one).
@@ -142,10 +143,12 @@ ncclResult_t Client::connect_new(Client** out) {
   if (bad)
     return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_COORDINATOR_TIMEOUT_MS='%s' is not an integer",
                  getenv("FAKEGPU_COORDINATOR_TIMEOUT_MS"));
-  uint64_t staging = kDefaultStagingBytes;
+  // 0 asks the coordinator to choose S (docs/protocol.md, "Staging size"): it sizes the
+  // segments of a world so that they fit the host's shared memory together.
+  uint64_t staging = 0;
   std::string staging_text = env::str("FAKEGPU_STAGING_CHUNK_BYTES");
   if (!staging_text.empty() && (!env::bytes(staging_text.c_str(), &staging) || staging < kMinStagingBytes ||
-                                staging > (1ull << 40)))
+                                staging > kMaxStagingBytes))
     return failf(ncclInvalidUsage,
                  "fakegpu: FAKEGPU_STAGING_CHUNK_BYTES='%s' is not a byte count between %llu and 1T",
                  staging_text.c_str(), (unsigned long long)kMinStagingBytes);
@@ -194,30 +197,19 @@ ncclResult_t Client::connect_once(const std::string& transport, const std::strin
   transport::tune_socket(c->fd_, connect_timeout_ms);  // the HELLO answer is bounded by it too
 
   if (want_shm) {
-    // One segment for the process's whole life: [0,S) input region, [S,2S) output region.
+    // One segment for the process's whole life, created empty: the coordinator allocates it
+    // (posix_fallocate) once it has chosen S, and the shim maps it only after that, so no
+    // process ever maps a page /dev/shm could not back (a SIGBUS at the first large copy).
     static std::atomic<int> seq{0};
     c->shm_name_ = "/fakegpu-" + std::to_string(getpid()) + "-" + std::to_string(++seq);
-    int sfd = shm_open(c->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (sfd >= 0) {
-      size_t len = 2 * staging;
-      // Reserve the pages now: a sparse segment on a small /dev/shm (containers default to
-      // 64 MB) would die with SIGBUS at the first large copy. If it does not fit, use socket
-      // staging instead.
-      if (posix_fallocate(sfd, 0, static_cast<off_t>(len)) == 0) {
-        void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
-        if (p != MAP_FAILED) {
-          c->shm_base_ = static_cast<uint8_t*>(p);
-          c->shm_map_len_ = len;
-        }
-      }
-      close(sfd);
-      if (!c->shm_base_) shm_unlink(c->shm_name_.c_str());
-    }
-    if (!c->shm_base_) c->shm_name_.clear();  // fall back to socket staging
+    c->shm_fd_ = shm_open(c->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (c->shm_fd_ < 0) c->shm_name_.clear();  // fall back to socket staging
   }
 
   ncclResult_t rc = c->hello(connect_timeout_ms, retry);
   if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
+  if (c->shm_fd_ >= 0) close(c->shm_fd_);
+  c->shm_fd_ = -1;
   if (rc != ncclSuccess) {
     if (c->shm_base_) munmap(c->shm_base_, c->shm_map_len_);
     close(c->fd_);
@@ -230,9 +222,10 @@ ncclResult_t Client::connect_once(const std::string& transport, const std::strin
 
 ncclResult_t Client::hello(int answer_timeout_ms, bool* retry) {
   proto::Hello h;
-  h.flags = shm_base_ ? proto::kHelloShm : 0;
+  const bool offer_shm = shm_fd_ >= 0;
+  h.flags = offer_shm ? proto::kHelloShm : 0;
   // Host-local collectives need the shared memory too (docs/protocol.md, arenas).
-  if (shm_base_ && local_collectives_wanted()) h.flags |= proto::kHelloLocal;
+  if (offer_shm && local_collectives_wanted()) h.flags |= proto::kHelloLocal;
   h.global_rank = static_cast<int32_t>(env::integer("RANK", -1));
   h.local_rank = static_cast<int32_t>(env::integer("LOCAL_RANK", -1));
   h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
@@ -274,18 +267,37 @@ ncclResult_t Client::hello(int answer_timeout_ms, bool* retry) {
   if (p.hdr.type != proto::kHelloOk || !proto::decode(r, &ok))
     return failf(ncclSystemError, "fakegpu: unexpected %s answer to HELLO from %s",
                  proto::type_name(p.hdr.type), address_.c_str());
-  if (ok.staging_bytes == 0 || ok.staging_bytes > staging_bytes_)
-    return failf(ncclSystemError, "fakegpu: the coordinator granted %llu staging bytes (asked for %llu)",
-                 (unsigned long long)ok.staging_bytes, (unsigned long long)staging_bytes_);
+  if (ok.staging_bytes < kMinStagingBytes || ok.staging_bytes > kMaxStagingBytes ||
+      (staging_bytes_ != 0 && ok.staging_bytes > staging_bytes_))
+    return failf(ncclSystemError, "fakegpu: the coordinator granted %llu staging bytes (asked for %llu%s)",
+                 (unsigned long long)ok.staging_bytes, (unsigned long long)staging_bytes_,
+                 staging_bytes_ == 0 ? ", the coordinator's choice" : "");
   client_id_ = ok.client_id;
   if (ok.timeout_ms > 0) timeout_ms_ = ok.timeout_ms;
   staging_bytes_ = ok.staging_bytes;  // the output region starts at the *granted* S
-  if (!(ok.flags & proto::kHelloShm) && shm_base_) {
-    munmap(shm_base_, shm_map_len_);
-    shm_base_ = nullptr;
+  if ((ok.flags & proto::kHelloShm) && offer_shm) {
+    rc = map_staging();
+    if (rc != ncclSuccess) return rc;
   }
   local_ = shm_base_ && (h.flags & proto::kHelloLocal) && (ok.flags & proto::kHelloLocal);
   transport::tune_socket(fd_, wait_timeout_ms());
+  return ncclSuccess;
+}
+
+ncclResult_t Client::map_staging() {
+  const size_t len = 2 * staging_bytes_;
+  if (!fully_allocated(shm_fd_, len))
+    return failf(ncclSystemError,
+                 "fakegpu: the coordinator granted shared-memory staging but the segment %s is not allocated to "
+                 "%llu bytes; refusing to map it (a page /dev/shm cannot back would be a SIGBUS); set "
+                 "FAKEGPU_STAGING_FORCE_SOCKET=1 to stage through the socket",
+                 shm_name_.c_str(), (unsigned long long)len);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd_, 0);
+  if (p == MAP_FAILED)
+    return failf(ncclSystemError, "fakegpu: cannot map the shared-memory staging segment %s (%llu bytes): %s",
+                 shm_name_.c_str(), (unsigned long long)len, strerror(errno));
+  shm_base_ = static_cast<uint8_t*>(p);
+  shm_map_len_ = len;
   return ncclSuccess;
 }
 

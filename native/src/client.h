@@ -102,6 +102,8 @@ class Client {
                                    bool want_shm, uint32_t timeout_ms, int connect_timeout_ms, long long deadline_ms,
                                    bool* retry, Client** out);
   ncclResult_t hello(int answer_timeout_ms, bool* retry);
+  // Maps the staging segment the coordinator granted (after making sure it is allocated).
+  ncclResult_t map_staging();
 
   enum ReadOutcome { kFrame, kIdleTimeout, kDead };
   ReadOutcome read_one_frame();
@@ -122,6 +124,7 @@ class Client {
   bool local_ = false;
   size_t shm_map_len_ = 0;
   std::string shm_name_;
+  int shm_fd_ = -1;  // the staging segment, open from creation until HELLO is answered
 
   std::atomic<uint32_t> next_id_{1};
   std::mutex send_mu_;  // one frame at a time on the wire

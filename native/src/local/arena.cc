@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <string>
+
+#include "../shm_alloc.h"
 
 namespace fakegpu::local {
 namespace {
@@ -62,6 +65,11 @@ Arena* Arena::open(const std::string& path, uint64_t total_bytes, uint64_t slot_
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != total_bytes) {
     close(fd);
     *err = path + " does not have the size the coordinator announced";
+    return nullptr;
+  }
+  if (!fully_allocated(fd, total_bytes)) {
+    close(fd);
+    *err = path + " is not allocated (a sparse file: a page /dev/shm cannot back would be a SIGBUS)";
     return nullptr;
   }
   void* p = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
