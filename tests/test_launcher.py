@@ -468,6 +468,19 @@ def test_doctor_reports_failures(tmp_path, shim_library):
     assert done.returncode == 1 and "no coordinator answers" in done.stdout
 
 
+def test_doctor_pings_a_running_coordinator_with_its_token(tmp_path, shim_library, start_coordinator):
+    coordinator = start_coordinator("unix")
+    (tmp_path / "token").write_text(coordinator.token + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_COORDINATOR")}
+    args = ["doctor", "--no-torch", "--no-selftest", "--coordinator-addr", coordinator.address]
+    done = _fgpu(args + ["--token-file", "token"], tmp_path, shim_library, env=env)
+    assert done.returncode == 0 and f"coordinator at {coordinator.address} answers ping" in done.stdout, done.stdout
+    done = _fgpu(args, tmp_path, shim_library, env=env)
+    assert done.returncode == 1, done.stdout
+    assert f"the coordinator at {coordinator.address} refused the ping: authentication required" in done.stdout
+    assert '"pid"' not in done.stdout
+
+
 def test_fgpu_console_script(tmp_path):
     """The `fgpu` console script of an installed fakegpu (pip install .) is the same program."""
     script = shutil.which("fgpu", path=os.path.dirname(sys.executable))

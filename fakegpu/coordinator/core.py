@@ -176,12 +176,14 @@ class Core:
                 if t == P.HELLO:
                     self._hello(conn_id, frame, transport or self.transport, staging_factory)
                 elif t == P.PING:
-                    out.append((SEND, conn_id, self._pong(frame.request_id)))
+                    self._ping_before_hello(conn_id, frame)
                 elif t == P.SHUTDOWN:
                     self._shutdown(conn_id, frame)
                 else:
                     reason = f"{P.MESSAGE_NAMES.get(t, t)} before HELLO (HELLO must be the first frame)"
-                    out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, reason)))
+                    # With a token, nothing but that is said to a connection that has not shown it.
+                    answer = "authentication required" if self.token else reason
+                    out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
                     out.append((CLOSE, conn_id, reason))
             elif t == P.GROUP:
                 self._group(client, frame)
@@ -295,6 +297,22 @@ class Core:
     def _uid_label(self, rdv: InitRendezvous) -> str:
         return f"(unique id {rdv.uid[:8].hex()}…" + (f", name {rdv.name!r}" if rdv.name else "") + ")"
 
+    def _token_ok(self, presented: str) -> bool:
+        return not self.token or hmac.compare_digest(presented.encode("utf-8"), self.token.encode("utf-8"))
+
+    def _ping_before_hello(self, conn_id: int, frame: P.Frame) -> None:
+        """PING on a connection without HELLO (`--ping`, `fgpu doctor`): the coordinator's state
+        (pid, clients, communicators, counts) goes only to a caller that presents the token."""
+        msg = P.decode_body(P.PING, frame.body)
+        if not self._token_ok(msg.token):
+            answer = "authentication failed" if msg.token else "authentication required"
+            reason = f"PING before HELLO {'with a wrong' if msg.token else 'without the'} token"
+            log.info("connection %d: %s", conn_id, reason)
+            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
+            self._out.append((CLOSE, conn_id, reason))
+            return
+        self._out.append((SEND, conn_id, self._pong(frame.request_id)))
+
     def _pong(self, request_id: int) -> bytes:
         return frame_bytes(P.PONG, request_id, P.encode_str(json.dumps(self.describe()), truncate=True))
 
@@ -303,7 +321,7 @@ class Core:
     def _hello(self, conn_id: int, frame: P.Frame, transport: str, staging_factory) -> None:
         hello = P.decode_body(P.HELLO, frame.body)
         # Authenticate before anything about this client is stored or any segment mapped.
-        if self.token and not hmac.compare_digest(hello.token.encode("utf-8"), self.token.encode("utf-8")):
+        if not self._token_ok(hello.token):
             reason = f"authentication failed (pid {hello.pid} on {hello.hostname or '?'}: wrong or missing token)"
             log.warning("rejected connection %d: %s", conn_id, reason)
             self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
@@ -329,7 +347,7 @@ class Core:
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
         msg = P.decode_body(P.SHUTDOWN, frame.body)
-        if self.token and not hmac.compare_digest(msg.token.encode("utf-8"), self.token.encode("utf-8")):
+        if not self._token_ok(msg.token):
             reason = "SHUTDOWN with a wrong or missing token"
             log.warning("connection %d: %s", conn_id, reason)
             self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <climits>
 #include <chrono>
-#include <fstream>
 
 #include "env.h"
 #include "last_error.h"
@@ -65,17 +64,6 @@ std::string hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
-}
-
-std::string read_token() {
-  std::string tok = env::str("FAKEGPU_COORDINATOR_TOKEN");
-  if (!tok.empty()) return tok;
-  std::string path = env::str("FAKEGPU_COORDINATOR_TOKEN_FILE");
-  if (path.empty()) return "";
-  std::ifstream f(path);
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
-  return s;
 }
 
 }  // namespace
@@ -141,6 +129,8 @@ ncclResult_t Client::connect_new(Client** out) {
                  "fakegpu: FAKEGPU_STAGING_CHUNK_BYTES='%s' is not a byte count between %llu and 1T",
                  staging_text.c_str(), (unsigned long long)kMinStagingBytes);
   bool want_shm = transport == "unix" && !env::flag("FAKEGPU_STAGING_FORCE_SOCKET");
+  std::string token, token_error;
+  if (!env::coordinator_token(&token, &token_error)) return fail(ncclInvalidUsage, "fakegpu: " + token_error);
 
   Client* c = new Client();
   c->address_ = transport + ":" + addr;
@@ -183,7 +173,7 @@ ncclResult_t Client::connect_new(Client** out) {
     if (!c->shm_base_) c->shm_name_.clear();  // fall back to socket staging
   }
 
-  ncclResult_t rc = c->hello();
+  ncclResult_t rc = c->hello(token);
   if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
   if (rc != ncclSuccess) {
     if (c->shm_base_) munmap(c->shm_base_, c->shm_map_len_);
@@ -195,7 +185,7 @@ ncclResult_t Client::connect_new(Client** out) {
   return ncclSuccess;
 }
 
-ncclResult_t Client::hello() {
+ncclResult_t Client::hello(const std::string& token) {
   proto::Hello h;
   h.flags = shm_base_ ? proto::kHelloShm : 0;
   // Host-local collectives need the shared memory too (docs/protocol.md, arenas).
@@ -205,7 +195,7 @@ ncclResult_t Client::hello() {
   h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
   h.pid = static_cast<uint32_t>(getpid());
   h.staging_bytes = staging_bytes_;
-  h.token = read_token();
+  h.token = token;
   h.shm_name = shm_name_;
   h.hostname = hostname();
   std::vector<uint8_t> body;
