@@ -160,12 +160,16 @@ def test_before_a_valid_token_nothing_but_authentication_required_is_answered():
     h.hello(9, token="t")
     rid = h.send(1, P.Ping())
     assert h.take(1) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))]
-    assert "PING before HELLO without the token" in h.closed[1]
+    assert h.closed[1] == "authentication required (PING before HELLO without a token)"
     rid = h.send(2, P.Ping("wrong"))
     assert h.take(2) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication failed"))] and 2 in h.closed
     rid = h.send(3, P.CommInit(b"x" * 128, 1, 0))
     assert h.take(3) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))]
     assert "HELLO must be the first frame" in h.closed[3]
+    rid = h.send(5, P.Shutdown(""))
+    assert h.take(5) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))] and not h.shutdown
+    assert h.hello(6) == P.Error(P.NCCL_INVALID_USAGE, "authentication required")
+    assert h.closed[6] == "authentication required (HELLO of pid 1006 on host6 without a token)"
     rid = h.send(4, P.Ping("t"))
     assert json.loads(h.reply(4, rid).description)["clients"] == 1 and 4 not in h.closed
     # After an authenticated HELLO the connection itself is trusted: its PINGs need no token.

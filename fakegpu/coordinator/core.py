@@ -297,21 +297,27 @@ class Core:
     def _uid_label(self, rdv: InitRendezvous) -> str:
         return f"(unique id {rdv.uid[:8].hex()}…" + (f", name {rdv.name!r}" if rdv.name else "") + ")"
 
-    def _token_ok(self, presented: str) -> bool:
-        return not self.token or hmac.compare_digest(presented.encode("utf-8"), self.token.encode("utf-8"))
+    def _authenticated(self, conn_id: int, frame: P.Frame, presented: str, what: str,
+                       level: int = logging.WARNING) -> bool:
+        """Whether `presented` is the token (any is, without one). If not, the frame gets the one
+        answer an unauthenticated connection is ever given, the connection is closed, and the
+        log says who it was."""
+        if not self.token or hmac.compare_digest(presented.encode("utf-8"), self.token.encode("utf-8")):
+            return True
+        answer = "authentication failed" if presented else "authentication required"
+        reason = f"{answer} ({what} {'with a wrong' if presented else 'without a'} token)"
+        log.log(level, "rejected connection %d: %s", conn_id, reason)
+        self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
+        self._out.append((CLOSE, conn_id, reason))
+        return False
 
     def _ping_before_hello(self, conn_id: int, frame: P.Frame) -> None:
         """PING on a connection without HELLO (`--ping`, `fgpu doctor`): the coordinator's state
         (pid, clients, communicators, counts) goes only to a caller that presents the token."""
         msg = P.decode_body(P.PING, frame.body)
-        if not self._token_ok(msg.token):
-            answer = "authentication failed" if msg.token else "authentication required"
-            reason = f"PING before HELLO {'with a wrong' if msg.token else 'without the'} token"
-            log.info("connection %d: %s", conn_id, reason)
-            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
-            self._out.append((CLOSE, conn_id, reason))
-            return
-        self._out.append((SEND, conn_id, self._pong(frame.request_id)))
+        # INFO, not WARNING: an old `--ping` without a token is a mistake, not an attack.
+        if self._authenticated(conn_id, frame, msg.token, "PING before HELLO", logging.INFO):
+            self._out.append((SEND, conn_id, self._pong(frame.request_id)))
 
     def _pong(self, request_id: int) -> bytes:
         return frame_bytes(P.PONG, request_id, P.encode_str(json.dumps(self.describe()), truncate=True))
@@ -321,12 +327,8 @@ class Core:
     def _hello(self, conn_id: int, frame: P.Frame, transport: str, staging_factory) -> None:
         hello = P.decode_body(P.HELLO, frame.body)
         # Authenticate before anything about this client is stored or any segment mapped.
-        if not self._token_ok(hello.token):
-            reason = f"authentication failed (pid {hello.pid} on {hello.hostname or '?'}: wrong or missing token)"
-            log.warning("rejected connection %d: %s", conn_id, reason)
-            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
-                                                          "authentication failed")))
-            self._out.append((CLOSE, conn_id, reason))
+        if not self._authenticated(conn_id, frame, hello.token,
+                                   f"HELLO of pid {hello.pid} on {hello.hostname or '?'}"):
             return
         requested = hello.staging_bytes or self.default_staging_bytes
         S = max(MIN_STAGING_BYTES, min(requested, self.max_staging_bytes))
@@ -347,12 +349,7 @@ class Core:
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
         msg = P.decode_body(P.SHUTDOWN, frame.body)
-        if not self._token_ok(msg.token):
-            reason = "SHUTDOWN with a wrong or missing token"
-            log.warning("connection %d: %s", conn_id, reason)
-            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
-                                                          "authentication failed")))
-            self._out.append((CLOSE, conn_id, reason))
+        if not self._authenticated(conn_id, frame, msg.token, "SHUTDOWN"):
             return
         self._out.append((SEND, conn_id, frame_bytes(P.OK, frame.request_id, b"")))
         self._out.append((SHUTDOWN, None, f"SHUTDOWN requested by connection {conn_id}"))
