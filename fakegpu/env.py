@@ -160,7 +160,7 @@ def read_token(env: Mapping[str, str]) -> str:
 
 
 # The token-file rule (docs/usage.md, "Token files"), shared with the shim (native/src/env.cc,
-# env::token_from_file) and pinned for both by tests/token_file_vectors.json.
+# env::token_from_file_contents) and pinned for both by tests/token_file_vectors.json.
 TOKEN_FILE_MAX_BYTES = 4096
 TOKEN_FILE_WHITESPACE = b" \t\n\r\v\f"   # ASCII only: a non-breaking space is part of the token
 
