@@ -441,6 +441,16 @@ def test_fake_mode_starts_no_coordinator(tmp_path, shim_library):
     assert "FAKEGPU_COORDINATOR_ADDR" not in seen
 
 
+def test_hostile_cluster_yaml_fails_fgpu_with_the_limit_not_a_traceback(tmp_path, shim_library):
+    """50,000 nested brackets (on main: a RecursionError traceback relayed from the coordinator)."""
+    (tmp_path / "deep.yaml").write_text("version: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    done = _fgpu(["--cluster-config", "deep.yaml", "--", "true"], tmp_path, shim_library, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr, done.stderr
+    assert f"{tmp_path / 'deep.yaml'}:1: <document>: nesting deeper than 64 levels (the limit for a cluster config)" \
+        in done.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # fgpu doctor
 
