@@ -169,6 +169,26 @@ def test_joins_the_coordinator_named_in_the_environment(tmp_path):
     assert cfg.coordinator_addr is None and cfg.listen == "127.0.0.1:0"
 
 
+def test_joining_a_coordinator_needs_its_token(tmp_path, start_coordinator):
+    """fgpu pings a running coordinator with the token file it was given; without the right
+    token the coordinator answers only "authentication required", and fgpu says what to do."""
+    coordinator = start_coordinator("unix")
+    (tmp_path / "token").write_text(coordinator.token + "\n")
+    prepared = launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "token"],
+                                        cwd=tmp_path))
+    assert prepared.reused and prepared.token_file == tmp_path / "token"
+    prepared.close()
+    with pytest.raises(launcher.LaunchError, match=r"refused our token \(authentication required\)"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address], cwd=tmp_path))
+    with pytest.raises(launcher.LaunchError, match="--token-file .*missing does not exist; copy the token file"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "missing"],
+                                 cwd=tmp_path))
+    (tmp_path / "wrong").write_text("nope\n")
+    with pytest.raises(launcher.LaunchError, match=r"refused our token \(authentication failed\)"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "wrong"],
+                                 cwd=tmp_path))
+
+
 def test_coordinator_gets_no_rank_only_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKEGPU_DIST_MODE", "proxy")
     monkeypatch.setenv("FAKEGPU_COORDINATOR_ADDR", "relative-and-stale")
