@@ -129,8 +129,6 @@ ncclResult_t Client::connect_new(Client** out) {
                  "fakegpu: FAKEGPU_STAGING_CHUNK_BYTES='%s' is not a byte count between %llu and 1T",
                  staging_text.c_str(), (unsigned long long)kMinStagingBytes);
   bool want_shm = transport == "unix" && !env::flag("FAKEGPU_STAGING_FORCE_SOCKET");
-  std::string token, token_error;
-  if (!env::coordinator_token(&token, &token_error)) return fail(ncclInvalidUsage, "fakegpu: " + token_error);
 
   Client* c = new Client();
   c->address_ = transport + ":" + addr;
@@ -173,7 +171,7 @@ ncclResult_t Client::connect_new(Client** out) {
     if (!c->shm_base_) c->shm_name_.clear();  // fall back to socket staging
   }
 
-  ncclResult_t rc = c->hello(token);
+  ncclResult_t rc = c->hello();
   if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
   if (rc != ncclSuccess) {
     if (c->shm_base_) munmap(c->shm_base_, c->shm_map_len_);
@@ -185,7 +183,7 @@ ncclResult_t Client::connect_new(Client** out) {
   return ncclSuccess;
 }
 
-ncclResult_t Client::hello(const std::string& token) {
+ncclResult_t Client::hello() {
   proto::Hello h;
   h.flags = shm_base_ ? proto::kHelloShm : 0;
   // Host-local collectives need the shared memory too (docs/protocol.md, arenas).
@@ -195,7 +193,9 @@ ncclResult_t Client::hello(const std::string& token) {
   h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
   h.pid = static_cast<uint32_t>(getpid());
   h.staging_bytes = staging_bytes_;
-  h.token = token;
+  // The token-file rule (env.h); a bad file fails here, before HELLO is sent.
+  std::string token_error;
+  if (!env::coordinator_token(&h.token, &token_error)) return fail(ncclInvalidUsage, "fakegpu: " + token_error);
   h.shm_name = shm_name_;
   h.hostname = hostname();
   std::vector<uint8_t> body;

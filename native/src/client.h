@@ -95,7 +95,7 @@ class Client {
  private:
   Client() = default;
   static ncclResult_t connect_new(Client** out);
-  ncclResult_t hello(const std::string& token);
+  ncclResult_t hello();
 
   enum ReadOutcome { kFrame, kIdleTimeout, kDead };
   ReadOutcome read_one_frame();
