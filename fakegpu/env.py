@@ -149,7 +149,7 @@ def _path(env: Mapping[str, str], name: str) -> Optional[str]:
 
 
 def read_token(env: Mapping[str, str]) -> str:
-    """FAKEGPU_COORDINATOR_TOKEN, else the first line of FAKEGPU_COORDINATOR_TOKEN_FILE."""
+    """FAKEGPU_COORDINATOR_TOKEN as it is, else the token in FAKEGPU_COORDINATOR_TOKEN_FILE."""
     token = env.get("FAKEGPU_COORDINATOR_TOKEN", "")
     token_file = env.get("FAKEGPU_COORDINATOR_TOKEN_FILE", "")
     if token and token_file:
@@ -159,15 +159,35 @@ def read_token(env: Mapping[str, str]) -> str:
     return token
 
 
-def read_token_file(path: str, what: str = "token file") -> str:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            token = fh.read().strip()
-    except OSError as exc:
-        raise ConfigError(f"{what}={path!r} cannot be read: {exc.strerror or exc}") from None
+# The token-file rule (docs/usage.md, "Token files"), shared with the shim (native/src/env.cc,
+# env::token_from_file_contents) and pinned for both by tests/token_file_vectors.json.
+TOKEN_FILE_MAX_BYTES = 4096
+TOKEN_FILE_WHITESPACE = b" \t\n\r\v\f"   # ASCII only: a non-breaking space is part of the token
+
+
+def token_from_file_contents(raw: bytes, what: str = "token file") -> str:
+    """The token a token file holds: its bytes without ASCII whitespace at either end, which must
+    leave one non-empty line of UTF-8 text."""
+    if len(raw) > TOKEN_FILE_MAX_BYTES:
+        raise ConfigError(f"{what} is larger than {TOKEN_FILE_MAX_BYTES} bytes; a token file holds one token")
+    token = raw.strip(TOKEN_FILE_WHITESPACE)
     if not token:
-        raise ConfigError(f"{what}={path!r} is empty")
-    return token
+        raise ConfigError(f"{what} is empty")
+    if b"\n" in token or b"\r" in token:
+        raise ConfigError(f"{what} holds more than one line; a token file holds one token")
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} is not UTF-8 text") from None
+
+
+def read_token_file(path, what: str = "token file") -> str:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(TOKEN_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{what}={str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    return token_from_file_contents(raw, f"{what}={str(path)!r}")
 
 
 def load_env(env: Optional[Mapping[str, str]] = None) -> FakegpuEnv:

@@ -331,13 +331,13 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
 
 
 def read_token(path: Path) -> str:
+    """The token in `path`, by the one token-file rule (fakegpu.env.read_token_file)."""
+    from fakegpu.env import ConfigError, read_token_file
+
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise LaunchError(f"cannot read token file {path}: {exc.strerror}") from None
-    if not token:
-        raise LaunchError(f"token file {path} is empty")
-    return token
+        return read_token_file(path, "--token-file")
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def write_token_file(path: Path, token: Optional[str] = None) -> str:
@@ -688,16 +688,18 @@ def ping_coordinator(address: str, token_file: Optional[Path] = None,
     """Ask the coordinator at `address` for its description: (answered, description or reason).
 
     In-process (no interpreter start-up, no parsing of our possibly rank-only environment).
-    PING needs no token; `token_file` is accepted so callers can pass what they have.
+    A coordinator with a token answers only a PING that carries it (from `token_file`); to
+    any other it says "authentication required".
     """
     from fakegpu import protocol as P
     from fakegpu.coordinator.client import ClientError, SyncClient
 
     transport = guess_transport(address)
     try:
+        token = read_token(token_file) if token_file is not None else ""
         with SyncClient(address, transport, timeout_s=timeout_s) as client:
-            reply = client.request(P.Ping(), timeout_s=timeout_s)
-    except (ClientError, OSError, ValueError) as exc:
+            reply = client.request(P.Ping(token), timeout_s=timeout_s)
+    except (ClientError, LaunchError, OSError, ValueError) as exc:
         return False, str(exc)
     if isinstance(reply, P.Pong):
         return True, reply.description
@@ -888,6 +890,9 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
                     return PreparedLaunch(cfg, Endpoint(cfg.transport, cfg.coordinator_addr), token_file,
                                           None, None, reused=True)
                 if "authentic" in detail.lower():
+                    if cfg.token_file is not None and token_file is None:
+                        raise LaunchError(f"--token-file {cfg.token_file} does not exist; copy the token file "
+                                          "of the running coordinator there")
                     raise LaunchError(f"the coordinator at {cfg.coordinator_addr} refused our token ({detail}); "
                                       "pass --token-file with a copy of the coordinator's token file")
                 if cfg.transport == "tcp" and not _can_listen_here(cfg.coordinator_addr):

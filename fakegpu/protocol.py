@@ -375,7 +375,9 @@ class SimulateDone:
 
 @dataclass(frozen=True)
 class Ping:
+    """Empty body, or the coordinator's token (needed on a connection that has not sent HELLO)."""
     TYPE: ClassVar[int] = PING
+    token: str = ""
 
 
 @dataclass(frozen=True)
@@ -447,8 +449,10 @@ def encode_body(msg: Message) -> bytes:
         return _pack(_HELLO_OK, "HELLO_OK", msg.client_id, msg.flags, msg.staging_bytes, msg.timeout_ms)
     if t == ERROR:
         return _pack(_I32, "ERROR", msg.result) + encode_str(msg.message, truncate=True)
-    if t in (OK, PING):
+    if t == OK:
         return b""
+    if t == PING:
+        return encode_str(msg.token) if msg.token else b""
     if t == COMM_INIT:
         uid = bytes(msg.unique_id)
         if len(uid) != 128:
@@ -604,7 +608,7 @@ def decode_body(msg_type: int, body) -> Message:
     elif msg_type == OK:
         msg = Ok()
     elif msg_type == PING:
-        msg = Ping()
+        msg = Ping(r.str("token") if len(r.buf) else "")
     elif msg_type == COMM_INIT:
         uid = r.raw(128, "unique_id")
         nranks, rank = r.unpack(_COMM_INIT_TAIL, "nranks/rank")

@@ -3,6 +3,7 @@ split, matching, mismatch messages, timeouts on a fake clock, disconnects, parti
 socket-staged payloads and accounting records."""
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -155,6 +156,36 @@ def test_wrong_token_is_rejected_before_any_state():
     assert isinstance(h.hello(2, token="sesame"), P.HelloOk)
 
 
+def test_before_a_valid_token_nothing_but_authentication_required_is_answered():
+    """A coordinator with a token tells a connection that has not shown it nothing about
+    itself: no pid, client, communicator or op counts (on main an empty PING got them all)."""
+    h = Harness(token="t")
+    h.hello(9, token="t")
+    rid = h.send(1, P.Ping())
+    assert h.take(1) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))]
+    assert h.closed[1] == "authentication required (PING before HELLO without a token)"
+    rid = h.send(2, P.Ping("wrong"))
+    assert h.take(2) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication failed"))] and 2 in h.closed
+    rid = h.send(3, P.CommInit(b"x" * 128, 1, 0))
+    assert h.take(3) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))]
+    assert "HELLO must be the first frame" in h.closed[3]
+    rid = h.send(5, P.Shutdown(""))
+    assert h.take(5) == [(rid, P.Error(P.NCCL_INVALID_USAGE, "authentication required"))] and not h.shutdown
+    assert h.hello(6) == P.Error(P.NCCL_INVALID_USAGE, "authentication required")
+    assert h.closed[6] == "authentication required (HELLO of pid 1006 on host6 without a token)"
+    rid = h.send(4, P.Ping("t"))
+    assert json.loads(h.reply(4, rid).description)["clients"] == 1 and 4 not in h.closed
+    # After an authenticated HELLO the connection itself is trusted: its PINGs need no token.
+    rid = h.send(9, P.Ping())
+    assert json.loads(h.reply(9, rid).description)["clients"] == 1 and 9 not in h.closed
+
+
+def test_without_a_token_any_ping_is_answered(h):
+    for conn, msg in ((1, P.Ping()), (2, P.Ping("ignored"))):
+        rid = h.send(conn, msg)
+        assert isinstance(h.reply(conn, rid), P.Pong) and conn not in h.closed
+
+
 def test_frames_before_hello_are_refused(h):
     h.send(1, P.CommInit(b"x" * 128, 1, 0))
     assert "HELLO must be the first frame" in h.closed[1]
@@ -162,7 +193,7 @@ def test_frames_before_hello_are_refused(h):
 
 def test_ping_and_shutdown_token():
     h = Harness(token="t")
-    rid = h.send(1, P.Ping())
+    rid = h.send(1, P.Ping("t"))
     assert '"clients": 0' in h.reply(1, rid).description
     h.send(2, P.Shutdown("bad"))
     assert 2 in h.closed and not h.shutdown

@@ -120,7 +120,7 @@ def test_fuzz_summary(target):
     assert target["frames"] >= 10_000
     # Nothing the fuzz connections left behind: only the well-behaved pair and its communicator.
     with SyncClient(target["coord"].address) as probe:
-        state = json.loads(probe.request(P.Ping()).description)
+        state = json.loads(probe.request(P.Ping("fuzz-token-not-guessable")).description)
     print("coordinator state after fuzz:", state)
     print("RSS MiB every 100 connections:", " ".join(f"{r / 2**20:.1f}" for r in target["rss"]))
     assert state["clients"] == 2 and state["communicators"] == 1 and state["pending"] == 0, state

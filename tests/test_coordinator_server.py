@@ -253,7 +253,16 @@ def test_ping_and_shutdown_cli(coordinator, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     ping = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--ping", c.address],
                           capture_output=True, text=True, env=env, timeout=60)
-    assert ping.returncode == 0 and json.loads(ping.stdout)["transport"] == "unix"
+    # Without the token: one line, nothing about the coordinator (on main: its pid and counts).
+    assert ping.returncode == 1 and ping.stdout == ""
+    assert ping.stderr == f"fakegpu coordinator: {c.address} answered: authentication required\n"
+    ping = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--ping", c.address, "--token", "abc"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert ping.returncode == 0 and json.loads(ping.stdout)["transport"] == "unix", ping.stderr
+    (tmp_path / "tok").write_text(" abc\n")   # the token-file rule: whitespace at both ends is not part of it
+    ping = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--ping", c.address,
+                           "--token-file", str(tmp_path / "tok")], capture_output=True, text=True, env=env, timeout=60)
+    assert ping.returncode == 0 and json.loads(ping.stdout)["clients"] == 0, ping.stderr
     bad = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--shutdown", c.address,
                           "--token", "nope"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1 and c.proc.poll() is None

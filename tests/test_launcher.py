@@ -169,6 +169,26 @@ def test_joins_the_coordinator_named_in_the_environment(tmp_path):
     assert cfg.coordinator_addr is None and cfg.listen == "127.0.0.1:0"
 
 
+def test_joining_a_coordinator_needs_its_token(tmp_path, start_coordinator):
+    """fgpu pings a running coordinator with the token file it was given; without the right
+    token the coordinator answers only "authentication required", and fgpu says what to do."""
+    coordinator = start_coordinator("unix")
+    (tmp_path / "token").write_text(coordinator.token + "\n")
+    prepared = launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "token"],
+                                        cwd=tmp_path))
+    assert prepared.reused and prepared.token_file == tmp_path / "token"
+    prepared.close()
+    with pytest.raises(launcher.LaunchError, match=r"refused our token \(authentication required\)"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address], cwd=tmp_path))
+    with pytest.raises(launcher.LaunchError, match="--token-file .*missing does not exist; copy the token file"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "missing"],
+                                 cwd=tmp_path))
+    (tmp_path / "wrong").write_text("nope\n")
+    with pytest.raises(launcher.LaunchError, match=r"refused our token \(authentication failed\)"):
+        launcher.prepare(_config(["--coordinator-addr", coordinator.address, "--token-file", "wrong"],
+                                 cwd=tmp_path))
+
+
 def test_coordinator_gets_no_rank_only_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKEGPU_DIST_MODE", "proxy")
     monkeypatch.setenv("FAKEGPU_COORDINATOR_ADDR", "relative-and-stale")
@@ -441,6 +461,16 @@ def test_fake_mode_starts_no_coordinator(tmp_path, shim_library):
     assert "FAKEGPU_COORDINATOR_ADDR" not in seen
 
 
+def test_hostile_cluster_yaml_fails_fgpu_with_the_limit_not_a_traceback(tmp_path, shim_library):
+    """50,000 nested brackets (on main: a RecursionError traceback relayed from the coordinator)."""
+    (tmp_path / "deep.yaml").write_text("version: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    done = _fgpu(["--cluster-config", "deep.yaml", "--", "true"], tmp_path, shim_library, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr, done.stderr
+    assert f"{tmp_path / 'deep.yaml'}:1: <document>: nesting deeper than 64 levels (the limit for a cluster config)" \
+        in done.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # fgpu doctor
 
@@ -466,6 +496,19 @@ def test_doctor_reports_failures(tmp_path, shim_library):
     assert "[FAIL]" in done.stdout and "check(s) failed" in done.stdout
     done = _fgpu(["doctor", "--no-torch", "--coordinator-addr", str(tmp_path / "none.sock")], tmp_path, shim_library)
     assert done.returncode == 1 and "no coordinator answers" in done.stdout
+
+
+def test_doctor_pings_a_running_coordinator_with_its_token(tmp_path, shim_library, start_coordinator):
+    coordinator = start_coordinator("unix")
+    (tmp_path / "token").write_text(coordinator.token + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_COORDINATOR")}
+    args = ["doctor", "--no-torch", "--no-selftest", "--coordinator-addr", coordinator.address]
+    done = _fgpu(args + ["--token-file", "token"], tmp_path, shim_library, env=env)
+    assert done.returncode == 0 and f"coordinator at {coordinator.address} answers ping" in done.stdout, done.stdout
+    done = _fgpu(args, tmp_path, shim_library, env=env)
+    assert done.returncode == 1, done.stdout
+    assert f"the coordinator at {coordinator.address} refused the ping: authentication required" in done.stdout
+    assert '"pid"' not in done.stdout
 
 
 def test_fgpu_console_script(tmp_path):

@@ -50,7 +50,7 @@ CASES = [
 
 def _status(coord: CoordinatorProcess) -> dict:
     with SyncClient(coord.address, coord.transport) as client:
-        return json.loads(client.request(P.Ping()).description)
+        return json.loads(client.request(P.Ping(coord.token)).description)
 
 
 def _arena_files(coord: CoordinatorProcess) -> list[str]:

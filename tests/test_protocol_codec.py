@@ -132,6 +132,7 @@ def _vector_messages():
         ))),
         ("local_ops_empty", 0, P.LocalOps(comm_handle=7, nranks=2, records=())),
         ("ping", 15, P.Ping()),
+        ("ping_with_token", 18, P.Ping(token="s3cret")),
         ("pong", 15, P.Pong(description='{"version":"0.1.0","pid":1,"transport":"unix","clients":0}')),
         ("shutdown", 16, P.Shutdown(token="s3cret")),
         ("shutdown_no_token", 17, P.Shutdown(token="")),
@@ -322,7 +323,8 @@ def test_parser_rejects_bad_headers(raw, expected):
 
 @pytest.mark.parametrize("msg_type, body, expected", [
     (P.HELLO, b"\0" * 10, "HELLO body truncated"),
-    (P.PING, b"x", "1 unexpected trailing bytes"),
+    (P.PING, b"\x01\x00tx", "1 unexpected trailing bytes"),
+    (P.PING, b"x", "PING body truncated"),
     (P.SHUTDOWN, b"\x02\x00\xff\xfe", "not valid UTF-8"),
     (P.GROUP, struct.pack("<II", 2, 0) + bytes(88), "2 OpDesc"),
     (P.COMM_INIT, bytes(100), "unique_id"),

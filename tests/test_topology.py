@@ -252,3 +252,101 @@ def test_gigabit_units_warning(tmp_path):
     assert len(topo.warnings) == 1
     assert f"{path}:21: fabric.intra_node.bandwidth_gbps: 300 Gb/s (37.5 GB/s)" in topo.warnings[0]
     assert load_cluster_config(CONFIGS / "h100-1node-8gpu-nvlink.yaml").warnings == []
+
+
+# -- hostile YAML: every limit is enforced while composing, with a message that names it -------
+from fakegpu.topology import loader  # noqa: E402
+
+_BILLION_LAUGHS = "".join(
+    [f'l0: &l0 [{",".join(["lol"] * 10)}]\n']
+    + [f"l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 10)])
+_DEEP = "version: " + "[" * 50_000 + "]" * 50_000 + "\n"
+
+HOSTILE = {
+    # name: (file contents, text the single issue must contain)
+    "billion-laughs": (_BILLION_LAUGHS, f"more than {loader.MAX_NODES:,} YAML nodes once its aliases are expanded (the limit for a cluster config"),
+    "deep": (_DEEP, f"nesting deeper than {loader.MAX_DEPTH} levels (the limit for a cluster config)"),
+    "10mb": (BASE + "padding: [" + ", ".join(["1"] * 3_400_000) + "]\n",
+             f"is larger than {loader.MAX_CONFIG_BYTES >> 20} MiB (the limit for a cluster config)"),
+    "recursive-alias": ("a: &a [1, *a]\n", "alias *a is inside the node it refers to"),
+}
+
+
+def _write_hostile(tmp_path: Path, name: str) -> tuple[Path, str]:
+    text, fragment = HOSTILE[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path, fragment
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_yaml_is_rejected_naming_the_limit(tmp_path, name):
+    path, fragment = _write_hostile(tmp_path, name)
+    with pytest.raises(ClusterConfigError) as info:
+        load_cluster_config(path)
+    (issue,) = info.value.issues
+    assert fragment in issue.message, issue
+    assert issue.file == str(path)
+
+
+def test_billion_laughs_is_small_and_would_expand_to_ten_billion_nodes():
+    assert len(_BILLION_LAUGHS) == 500   # the attack is a tiny file: the size limit is not what stops it
+
+
+def test_too_many_aliases(tmp_path):
+    text = "a: &x 1\nb: [" + ", ".join(["*x"] * (loader.MAX_ALIASES + 1)) + "]\n"
+    error, _ = _error(tmp_path, text)
+    assert f"more than {loader.MAX_ALIASES:,} aliases (the limit for a cluster config)" in str(error)
+
+
+def test_size_limit_does_not_trust_the_file_size(tmp_path):
+    # /dev/zero (like a pipe) reports size 0: the reader stops one byte past the limit.
+    with pytest.raises(ClusterConfigError, match="is larger than 4 MiB"):
+        load_cluster_config("/dev/zero")
+
+
+def test_text_that_is_not_utf8_or_has_control_characters(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(BASE.replace("name: test", "name: t\xe9st").encode("latin-1"))
+    with pytest.raises(ClusterConfigError, match=r"latin1.yaml:3: <document>: not UTF-8 text"):
+        load_cluster_config(path)
+    error, _ = _error(tmp_path, BASE.replace("name: test", "name: te\x07st"))
+    assert "YAML error" in str(error) and "special characters are not allowed" in str(error)
+
+
+def test_limits_leave_room_for_large_real_configs(tmp_path):
+    # 1024 nodes x 8 GPUs, each node merging the first one's fields through an alias.
+    gpus = ", ".join(["{profile: h100}"] * 8)
+    lines = ["version: 1", "nodes:",
+             f"  - &n0 {{id: n0, host: dgx, nics: 8, ranks: [0, 1, 2, 3, 4, 5, 6, 7], gpus: [{gpus}]}}"]
+    lines += [f"  - {{<<: *n0, id: n{i}, ranks: [{', '.join(str(8 * i + j) for j in range(8))}]}}"
+              for i in range(1, 1024)]
+    lines += ["fabric:", "  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}",
+              "  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}", ""]
+    topo, _ = _load(tmp_path, "\n".join(lines))
+    assert (topo.world_size, topo.node_count) == (8192, 1024)
+    assert topo.nodes[1023].nics == 8 and topo.gpu_of(8191).name == "h100"
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_coordinator_cli_rejects_hostile_yaml_with_one_clean_error(tmp_path, name):
+    """Through the real CLI: exit status 2, the message, no traceback. On main these grew the
+    coordinator past gigabytes, raised RecursionError, or parsed for over a minute: the address
+    space cap and the timeout turn each into a failure instead of a stuck machine."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    path, fragment = _write_hostile(tmp_path, name)
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "fakegpu", "coordinator", "--address", str(tmp_path / "c.sock"),
+                           "--cluster-config", str(path)], capture_output=True, text=True, timeout=30,
+                          preexec_fn=cap_memory, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"fakegpu coordinator: --cluster-config {path}: invalid cluster config {path}:")
+    assert fragment in proc.stderr and proc.stdout == ""

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--token-file", metavar="PATH",
                       help="file holding the token (FAKEGPU_COORDINATOR_TOKEN_FILE)")
     admin = p.add_mutually_exclusive_group()
-    admin.add_argument("--ping", metavar="ADDR", help="ask the coordinator at ADDR for its status and exit")
+    admin.add_argument("--ping", metavar="ADDR",
+                       help="ask the coordinator at ADDR for its status and exit (with its token, if it has one)")
     admin.add_argument("--shutdown", metavar="ADDR",
                        help="make the coordinator at ADDR write its reports and exit")
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
@@ -79,7 +80,7 @@ def _admin(ns, env) -> int:
     try:
         with SyncClient(address, ns.transport, timeout_s=10.0) as client:
             if ns.ping:
-                reply = client.request(P.Ping())
+                reply = client.request(P.Ping(_token(ns, env)))
                 if isinstance(reply, P.Pong):
                     print(reply.description, flush=True)
                     return 0

@@ -180,6 +180,10 @@ def check_coordinator(doc: Doctor, cfg: launcher.LaunchConfig, shim: Optional[st
         answered, detail = launcher.ping_coordinator(cfg.coordinator_addr, token_file)
         if answered:
             doc.ok(f"coordinator at {cfg.coordinator_addr} answers ping")
+        elif "authentic" in detail.lower():
+            doc.fail(f"the coordinator at {cfg.coordinator_addr} refused the ping: {detail}",
+                     "pass --token-file with a copy of the coordinator's token file"
+                     + ("" if token_file or not cfg.token_file else f" ({cfg.token_file} does not exist)"))
         else:
             doc.fail(f"no coordinator answers at {cfg.coordinator_addr}",
                      (detail or "no output") + "\nstart one with `python -m fakegpu coordinator ...`, or drop "

@@ -204,12 +204,14 @@ class Core:
                 if t == P.HELLO:
                     self._hello(conn_id, frame, transport or self.transport, staging_factory)
                 elif t == P.PING:
-                    out.append((SEND, conn_id, self._pong(frame.request_id)))
+                    self._ping_before_hello(conn_id, frame)
                 elif t == P.SHUTDOWN:
                     self._shutdown(conn_id, frame)
                 else:
                     reason = f"{P.MESSAGE_NAMES.get(t, t)} before HELLO (HELLO must be the first frame)"
-                    out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, reason)))
+                    # With a token, nothing but that is said to a connection that has not shown it.
+                    answer = "authentication required" if self.token else reason
+                    out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
                     out.append((CLOSE, conn_id, reason))
             elif t == P.GROUP:
                 self._group(client, frame)
@@ -355,6 +357,28 @@ class Core:
     def _uid_label(self, rdv: InitRendezvous) -> str:
         return f"(unique id {rdv.uid[:8].hex()}…" + (f", name {rdv.name!r}" if rdv.name else "") + ")"
 
+    def _authenticated(self, conn_id: int, frame: P.Frame, presented: str, what: str,
+                       level: int = logging.WARNING) -> bool:
+        """Whether `presented` is the token (any is, without one). If not, the frame gets the one
+        answer an unauthenticated connection is ever given, the connection is closed, and the
+        log says who it was."""
+        if not self.token or hmac.compare_digest(presented.encode("utf-8"), self.token.encode("utf-8")):
+            return True
+        answer = "authentication failed" if presented else "authentication required"
+        reason = f"{answer} ({what} {'with a wrong' if presented else 'without a'} token)"
+        log.log(level, "rejected connection %d: %s", conn_id, reason)
+        self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, answer)))
+        self._out.append((CLOSE, conn_id, reason))
+        return False
+
+    def _ping_before_hello(self, conn_id: int, frame: P.Frame) -> None:
+        """PING on a connection without HELLO (`--ping`, `fgpu doctor`): the coordinator's state
+        (pid, clients, communicators, counts) goes only to a caller that presents the token."""
+        msg = P.decode_body(P.PING, frame.body)
+        # INFO, not WARNING: an old `--ping` without a token is a mistake, not an attack.
+        if self._authenticated(conn_id, frame, msg.token, "PING before HELLO", logging.INFO):
+            self._out.append((SEND, conn_id, self._pong(frame.request_id)))
+
     def _pong(self, request_id: int) -> bytes:
         return frame_bytes(P.PONG, request_id, P.encode_str(json.dumps(self.describe()), truncate=True))
 
@@ -363,12 +387,8 @@ class Core:
     def _hello(self, conn_id: int, frame: P.Frame, transport: str, staging_factory) -> None:
         hello = P.decode_body(P.HELLO, frame.body)
         # Authenticate before anything about this client is stored or any segment mapped.
-        if self.token and not hmac.compare_digest(hello.token.encode("utf-8"), self.token.encode("utf-8")):
-            reason = f"authentication failed (pid {hello.pid} on {hello.hostname or '?'}: wrong or missing token)"
-            log.warning("rejected connection %d: %s", conn_id, reason)
-            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
-                                                          "authentication failed")))
-            self._out.append((CLOSE, conn_id, reason))
+        if not self._authenticated(conn_id, frame, hello.token,
+                                   f"HELLO of pid {hello.pid} on {hello.hostname or '?'}"):
             return
         S = max(MIN_STAGING_BYTES, min(self._staging_size(hello), self.max_staging_bytes))
         staging, shm = staging_factory(hello, S)
@@ -398,12 +418,7 @@ class Core:
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
         msg = P.decode_body(P.SHUTDOWN, frame.body)
-        if self.token and not hmac.compare_digest(msg.token.encode("utf-8"), self.token.encode("utf-8")):
-            reason = "SHUTDOWN with a wrong or missing token"
-            log.warning("connection %d: %s", conn_id, reason)
-            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE,
-                                                          "authentication failed")))
-            self._out.append((CLOSE, conn_id, reason))
+        if not self._authenticated(conn_id, frame, msg.token, "SHUTDOWN"):
             return
         self._out.append((SEND, conn_id, frame_bytes(P.OK, frame.request_id, b"")))
         self._out.append((SHUTDOWN, None, f"SHUTDOWN requested by connection {conn_id}"))

@@ -3,6 +3,12 @@
 PyYAML's plain loader forgets where values came from, so we compose the node graph
 ourselves and record the line of every value under its field path (``nodes[1].ranks[0]``).
 Schema errors (jsonschema) and semantic errors are both reported against those paths.
+
+The YAML is bounded before any of that (docs/reports.md, "Limits"): a file larger than
+MAX_CONFIG_BYTES, nesting deeper than MAX_DEPTH, more than MAX_ALIASES aliases, or a document
+that would grow past MAX_NODES nodes once its aliases are expanded is rejected while it is
+being read, so a hostile file (a "billion laughs", 50k nested brackets, 10 MB of anything)
+costs milliseconds and a clear error instead of gigabytes or a RecursionError.
 """
 from __future__ import annotations
 
@@ -18,6 +24,14 @@ from .profiles import PROFILES, canonical_profile_name, get_profile
 from .schema import CLUSTER_CONFIG_SCHEMA
 
 SUPPORTED_VERSION = 1
+
+# Limits on the YAML itself. Real configs are a few KiB, about 6 levels deep and use a handful
+# of aliases; a generated 4096-node x 8-GPU config (32768 ranks) is 1 MiB and 0.2 M nodes.
+MAX_CONFIG_BYTES = 4 << 20
+MAX_DEPTH = 64
+MAX_ALIASES = 100_000
+MAX_NODES = 1_000_000   # scalars, sequences and mappings, each alias counted as what it expands to
+
 PathT = tuple[Union[str, int], ...]
 
 
@@ -49,6 +63,73 @@ class ClusterConfigError(ValueError):
         self.issues = issues
         head = f"invalid cluster config {issues[0].file}" if issues else "invalid cluster config"
         super().__init__(head + ":\n" + "\n".join(f"  {i}" for i in issues))
+
+
+class _LimitExceeded(Exception):
+    def __init__(self, message: str, mark):
+        super().__init__(message)
+        self.line = mark.line + 1 if mark is not None else 0
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe composer, counting as it goes.
+
+    YAML aliases share one node, so composing a billion laughs is cheap and the blow-up comes
+    later, when the graph is walked. Every node composed here therefore records how many nodes
+    it stands for once its aliases are expanded; the running total of those is what a walk of
+    the document will visit, and it is checked at every node.
+    """
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self._depth = 0
+        self._aliases = 0
+        self._expanded = 0
+        self._anchored_sizes: dict[int, int] = {}   # id(anchored node) -> its expanded size
+
+    def _count(self, nodes: int, mark) -> None:
+        self._expanded += nodes
+        if self._expanded > MAX_NODES:
+            raise _LimitExceeded(
+                f"the document expands to more than {MAX_NODES:,} YAML nodes once its aliases are expanded "
+                f"(the limit for a cluster config; nested aliases, as in a \"billion laughs\" file, grow "
+                f"exponentially)", mark)
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _LimitExceeded(f"more than {MAX_ALIASES:,} aliases (the limit for a cluster config)",
+                                     event.start_mark)
+            node = super().compose_node(parent, index)
+            size = self._anchored_sizes.get(id(node))
+            if size is None:  # the anchor's node is still being composed: it contains this alias
+                raise _LimitExceeded(f"alias *{event.anchor} is inside the node it refers to "
+                                     "(recursive aliases are not allowed)", event.start_mark)
+            self._count(size, event.start_mark)
+            return node
+        if self._depth >= MAX_DEPTH:
+            raise _LimitExceeded(f"nesting deeper than {MAX_DEPTH} levels (the limit for a cluster config)",
+                                 event.start_mark)
+        self._depth += 1
+        before = self._expanded
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        self._count(1, event.start_mark)
+        if event.anchor is not None:
+            self._anchored_sizes[id(node)] = self._expanded - before
+        return node
+
+
+def _compose(text: str):
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
 
 
 class _Document:
@@ -109,21 +190,42 @@ def load_cluster_config(path: Union[str, os.PathLike]) -> Topology:
     """Parse and validate the cluster YAML at ``path``; raises ClusterConfigError."""
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(source, "rb") as fh:
+            # Read one byte past the limit (not os.stat: /dev/zero and pipes have no size).
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+            size = os.fstat(fh.fileno()).st_size
     except OSError as exc:
         raise ClusterConfigError([ConfigIssue(source, "<document>", 0, f"cannot read file: {exc.strerror or exc}")]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 0, _too_large(size))])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ClusterConfigError([ConfigIssue(source, "<document>", line,
+                                              f"not UTF-8 text (byte {exc.start}: {exc.reason})")]) from None
     return parse_cluster_config(text, source)
+
+
+def _too_large(size: int = 0) -> str:
+    what = f"the file ({size:,} bytes)" if size > MAX_CONFIG_BYTES else "the file"
+    return f"{what} is larger than {MAX_CONFIG_BYTES >> 20} MiB (the limit for a cluster config)"
 
 
 def parse_cluster_config(text: str, source: str = "<string>") -> Topology:
     doc = _Document(source)
+    if len(text) > MAX_CONFIG_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 0, _too_large())])
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = _compose(text)
+    except _LimitExceeded as exc:
+        raise ClusterConfigError([ConfigIssue(source, "<document>", exc.line, str(exc))]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
         raise ClusterConfigError([ConfigIssue(source, "<document>", line, f"YAML syntax error: {exc.problem}")]) from None
+    except yaml.YAMLError as exc:  # ReaderError: a control character or other unreadable text
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 0, f"YAML error: {exc}")]) from None
     if root is None:
         raise ClusterConfigError([ConfigIssue(source, "<document>", 1, "the file is empty")])
     try:

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <climits>
 #include <chrono>
-#include <fstream>
 
 #include "env.h"
 #include "last_error.h"
@@ -75,17 +74,6 @@ std::string hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
-}
-
-std::string read_token() {
-  std::string tok = env::str("FAKEGPU_COORDINATOR_TOKEN");
-  if (!tok.empty()) return tok;
-  std::string path = env::str("FAKEGPU_COORDINATOR_TOKEN_FILE");
-  if (path.empty()) return "";
-  std::ifstream f(path);
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
-  return s;
 }
 
 }  // namespace
@@ -231,7 +219,9 @@ ncclResult_t Client::hello(int answer_timeout_ms, bool* retry) {
   h.world_size = static_cast<int32_t>(env::integer("WORLD_SIZE", -1));
   h.pid = static_cast<uint32_t>(getpid());
   h.staging_bytes = staging_bytes_;
-  h.token = read_token();
+  // The token-file rule (env.h); a bad file fails here, before HELLO is sent.
+  std::string token_error;
+  if (!env::coordinator_token(&h.token, &token_error)) return fail(ncclInvalidUsage, "fakegpu: " + token_error);
   h.shm_name = shm_name_;
   h.hostname = hostname();
   std::vector<uint8_t> body;

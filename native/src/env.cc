@@ -6,6 +6,9 @@
 #include <cstring>
 #include <strings.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 namespace fakegpu::env {
 
 std::string str(const char* name, const char* fallback) {
@@ -49,6 +52,92 @@ bool bytes(const char* text, uint64_t* out) {
   }
   if (x > UINT64_MAX / mult) return false;
   *out = x * mult;
+  return true;
+}
+
+namespace {
+
+bool token_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+// Well-formed UTF-8 as Python's decoder accepts it: no overlong forms, surrogates or values past U+10FFFF.
+bool valid_utf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    for (size_t k = 1; k < len; k++)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    unsigned char c1 = static_cast<unsigned char>(len > 1 ? s[i + 1] : 0);
+    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool token_from_file_contents(const std::string& raw, std::string* token, std::string* error) {
+  if (raw.size() > kTokenFileMaxBytes) {
+    *error = "is larger than " + std::to_string(kTokenFileMaxBytes) + " bytes; a token file holds one token";
+    return false;
+  }
+  size_t b = 0, e = raw.size();
+  while (b < e && token_space(raw[b])) b++;
+  while (e > b && token_space(raw[e - 1])) e--;
+  std::string t = raw.substr(b, e - b);
+  if (t.empty()) {
+    *error = "is empty";
+    return false;
+  }
+  if (t.find_first_of("\r\n") != std::string::npos) {
+    *error = "holds more than one line; a token file holds one token";
+    return false;
+  }
+  if (!valid_utf8(t)) {
+    *error = "is not UTF-8 text";
+    return false;
+  }
+  *token = t;
+  return true;
+}
+
+bool coordinator_token(std::string* token, std::string* error) {
+  std::string direct = str("FAKEGPU_COORDINATOR_TOKEN");
+  std::string path = str("FAKEGPU_COORDINATOR_TOKEN_FILE");
+  token->clear();
+  if (!direct.empty() && !path.empty()) {
+    *error = "set only one of FAKEGPU_COORDINATOR_TOKEN and FAKEGPU_COORDINATOR_TOKEN_FILE";
+    return false;
+  }
+  if (path.empty()) {
+    *token = direct;
+    return true;
+  }
+  // Read one byte past the limit, like the coordinator (a FIFO or /dev/zero has no size).
+  std::string raw(kTokenFileMaxBytes + 1, '\0');
+  size_t got = 0;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int err = fd < 0 ? errno : 0;
+  while (fd >= 0 && got < raw.size()) {
+    ssize_t n = read(fd, &raw[got], raw.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (fd >= 0) close(fd);
+  if (err) {
+    *error = "FAKEGPU_COORDINATOR_TOKEN_FILE='" + path + "' cannot be read: " + strerror(err);
+    return false;
+  }
+  raw.resize(got);
+  std::string why;
+  if (!token_from_file_contents(raw, token, &why)) {
+    *error = "FAKEGPU_COORDINATOR_TOKEN_FILE='" + path + "' " + why;
+    return false;
+  }
   return true;
 }
 

@@ -154,6 +154,9 @@ void encode(Writer& w, const GroupDone& m) {
   w.str(m.message);
 }
 void encode(Writer& w, const SimulateDone& m) { w.f64(m.estimated_time_us); }
+void encode(Writer& w, const Ping& m) {
+  if (!m.token.empty()) w.str(m.token);
+}
 void encode(Writer& w, const Pong& m) { w.str(m.description); }
 void encode(Writer& w, const Shutdown& m) { w.str(m.token); }
 void encode(Writer& w, const ArenaRequest& m) { w.u64(m.comm_handle); }
@@ -245,6 +248,10 @@ bool decode(Reader& r, GroupDone* m) {
   return r.str(&m->message);
 }
 bool decode(Reader& r, SimulateDone* m) { return r.f64(&m->estimated_time_us); }
+bool decode(Reader& r, Ping* m) {
+  m->token.clear();
+  return r.remaining() == 0 || r.str(&m->token);
+}
 bool decode(Reader& r, Pong* m) { return r.str(&m->description); }
 bool decode(Reader& r, Shutdown* m) { return r.str(&m->token); }
 bool decode(Reader& r, ArenaRequest* m) { return r.u64(&m->comm_handle); }

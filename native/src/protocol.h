@@ -192,6 +192,10 @@ struct GroupDone {
 struct SimulateDone {
   double estimated_time_us = 0;
 };
+// PING: an empty body, or the token (docs/protocol.md: needed before HELLO when the coordinator has one).
+struct Ping {
+  std::string token;
+};
 struct Pong {
   std::string description;
 };
@@ -232,6 +236,7 @@ void encode(Writer& w, const CommShrink& m);
 void encode(Writer& w, const GroupHead& m);
 void encode(Writer& w, const GroupDone& m);
 void encode(Writer& w, const SimulateDone& m);
+void encode(Writer& w, const Ping& m);  // writes nothing for an empty token
 void encode(Writer& w, const Pong& m);
 void encode(Writer& w, const Shutdown& m);
 void encode(Writer& w, const ArenaRequest& m);
@@ -252,6 +257,7 @@ bool decode(Reader& r, CommShrink* m);
 bool decode(Reader& r, GroupHead* m);
 bool decode(Reader& r, GroupDone* m);  // reads n_ops, results, message
 bool decode(Reader& r, SimulateDone* m);
+bool decode(Reader& r, Ping* m);
 bool decode(Reader& r, Pong* m);
 bool decode(Reader& r, Shutdown* m);
 bool decode(Reader& r, ArenaRequest* m);

@@ -236,9 +236,16 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       decoded = decode(r, &d) && d.result == m.result && d.message == m.message;
       break;
     }
-    case kOk: case kPing:
+    case kOk:
       decoded = body.empty();
       break;
+    case kPing: {
+      Ping m{f["token"].text};
+      encode(w, m);
+      Ping d;
+      decoded = decode(r, &d) && d.token == m.token;
+      break;
+    }
     case kCommInit: {
       CommInit m;
       std::vector<uint8_t> id = unhex(f["unique_id"].text);
