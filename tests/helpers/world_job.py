@@ -74,7 +74,7 @@ def run_world_job(binary: Path, nranks: int, *, count: int = 1, iterations: int 
 
 def _status(coord: CoordinatorProcess) -> dict:
     with SyncClient(coord.address, coord.transport) as client:
-        return json.loads(client.request(P.Ping()).description)
+        return json.loads(client.request(P.Ping(coord.token)).description)
 
 
 def _main(spec_path: str, result_path: str) -> int:
