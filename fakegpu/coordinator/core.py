@@ -719,7 +719,8 @@ class Core:
             if dst == rank:
                 for k, s in list(q.sends.items()):
                     if s.payload is None:
-                        fail_p2p(q.sends, k, s, (src, dst), f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
+                        fail_p2p(q.sends, k, s, (src, dst),
+                                 f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
                 for k, s in list(q.recvs.items()):
                     fail_p2p(q.recvs, k, s, (src, dst), f"{comm.label()} Recv on rank {dst}: {reason}")
             if src == rank:
@@ -1343,7 +1344,7 @@ class Core:
         if not steps:
             return
         self._op_failed_event(comm, seq, steps, code, msg, list(missing))
-        self._record_failure(comm, seq if seq is not None else -1, steps, code, msg, started)
+        self._record_failure(comm, seq if seq is not None else steps[0].desc[D_MATCH_SEQ], steps, code, msg, started)
 
     def _arrival_wall(self, step: Step) -> float:
         """Epoch seconds at which a step arrived (steps keep monotonic times)."""
