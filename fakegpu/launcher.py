@@ -998,6 +998,8 @@ def _file_identity(path: Path) -> Optional[tuple]:
         st = path.stat()
     except OSError:
         return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
