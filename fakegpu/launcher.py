@@ -967,7 +967,9 @@ def launch(cfg: LaunchConfig, command: Sequence[str]) -> int:
     if not command:
         raise LaunchError("no command given; usage: fgpu [options] [--] COMMAND [ARGS...]")
     echo = (lambda line: print("[coordinator] " + line, file=sys.stderr, flush=True)) if cfg.verbose else None
+    before = {path: _file_identity(path) for _, path in report_files(cfg)}
     prepared = prepare(cfg, echo=echo)
+    coordinator_status: Optional[int] = 0
     try:
         env = rank_environment(cfg, prepared.endpoint, prepared.token_file)
         if cfg.verbose:
@@ -978,26 +980,76 @@ def launch(cfg: LaunchConfig, command: Sequence[str]) -> int:
                 log(f"  {name}={env[name]}")
         status = run_command(command, env)
     finally:
-        prepared.close()
-    if cfg.quiet:
+        coordinator_status = prepared.close()
+    if prepared.reused or (prepared.coordinator and cfg.keep_coordinator):
+        if prepared.reused and not cfg.quiet:
+            log(f"the coordinator at {prepared.endpoint.address} writes its reports when it is stopped "
+                f"(python -m fakegpu coordinator --shutdown {prepared.endpoint.address} ...)")
         return status
-    if prepared.reused:
-        log(f"the coordinator at {prepared.endpoint.address} writes its reports when it is stopped "
-            f"(python -m fakegpu coordinator --shutdown {prepared.endpoint.address} ...)")
-    elif not (prepared.coordinator and cfg.keep_coordinator):
-        _print_reports(cfg)
+    report_written = _print_reports(cfg, before, quiet=cfg.quiet)
+    if cfg.needs_coordinator and (coordinator_status != 0 or not report_written):
+        # The report of this job is lost (disk full, a failing write): never a silent success.
+        log(f"error: this job's reports were not written to {cfg.report}"
+            + (f" (the coordinator exited with status {coordinator_status})" if coordinator_status else "")
+            + "; any file there is from an earlier run")
+        return status or 1
     return status
 
 
-def _print_reports(cfg: LaunchConfig) -> None:
-    written = [(label, path) for label, path in report_files(cfg) if path.exists()]
+def _file_identity(path: Path) -> Optional[tuple]:
+    """What tells one version of a file from another: a report is replaced by a new file
+    (os.replace), so its inode and modification time change whenever this job writes it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], quiet: bool = False) -> bool:
+    """Say where this job's reports are and summarise the JSON one, never a file an earlier run
+    left there. Returns whether this job wrote the JSON report."""
+    written, stale = [], []
+    for label, path in report_files(cfg):
+        now = _file_identity(path)
+        if now is not None and now != before.get(path):
+            written.append((label, path))
+        elif now is not None:
+            stale.append((label, path))
+    report_written = any(path == cfg.report for _, path in written)
+    if quiet:
+        return report_written
+    for label, path in stale:
+        log(f"{label} {path} was not written by this job (it is from an earlier run)")
     if not written:
-        if cfg.needs_coordinator:
+        if cfg.needs_coordinator and not stale:
             log(f"no report was written at {cfg.report}")
-        return
+        return report_written
     for label, path in written:
         log(f"{label}: {path}")
-    if cfg.report.exists():
+    if report_written:
+        for line in init_timeout_lines(cfg.report):
+            log(line)
         summary = report_summary(cfg.report)
         if summary:
             print(summary, file=sys.stderr, flush=True)
+    return report_written
+
+
+def init_timeout_lines(report: Path) -> list[str]:
+    """One line per communicator init that timed out in the report: which ranks never arrived."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        items = data["events"]["items"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = []
+    for e in items:
+        if isinstance(e, dict) and e.get("event") == "init_timeout":
+            name = f" {e['name']!r}" if e.get("name") else ""
+            lines.append(f"communicator init{name} of {e.get('nranks')} ranks timed out after "
+                         f"{e.get('timeout_ms')} ms: ranks {e.get('missing_ranks')} never arrived "
+                         f"(arrived: {e.get('arrived_ranks')})")
+    return lines

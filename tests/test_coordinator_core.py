@@ -732,3 +732,91 @@ def test_large_group_is_submitted_in_slices(h):
     done = h.reply(0, rid)
     assert done.results == (0,) * n
     assert np.array_equal(np.frombuffer(done.payload, np.float32), values)
+# --------------------------------------------------------------------------- identities
+
+
+def test_a_rank_is_held_by_one_process_until_it_disconnects(h):
+    assert isinstance(h.hello(0, rank=0), P.HelloOk)
+    err = h.hello(1, rank=0)
+    assert isinstance(err, P.Error) and err.result == P.NCCL_INVALID_USAGE
+    assert "RANK 0 is already held by pid 1000 on host0" in err.message and 1 in h.closed
+    assert 1 not in h.core.clients
+    h.disconnect(0)
+    assert isinstance(h.hello(2, rank=0), P.HelloOk)       # free again once its process left
+
+
+def test_rank_must_be_below_world_size(h):
+    err = h.hello(0, rank=2, world_size=2)
+    assert isinstance(err, P.Error) and "RANK 2 is not below WORLD_SIZE 2" in err.message
+    assert isinstance(h.hello(1, rank=1, world_size=2), P.HelloOk)
+    assert isinstance(h.hello(2, rank=5), P.HelloOk)       # no WORLD_SIZE, no config: taken as given
+
+
+def _topology(n):
+    from fakegpu.topology import default_topology
+    import dataclasses
+    return dataclasses.replace(default_topology(n), source="/cfg/two.yaml", is_default=False)
+
+
+def test_ranks_the_cluster_config_does_not_place_are_refused():
+    h = Harness(topology=_topology(2))
+    err = h.hello(0, rank=2)
+    assert "RANK 2 is not placed by cluster config /cfg/two.yaml (ranks 0-1)" in err.message
+    err = h.hello(1, rank=0, world_size=3)
+    assert "WORLD_SIZE 3 is more than the 2 ranks cluster config /cfg/two.yaml (ranks 0-1) places" in err.message
+    # Without RANK the global ranks come from the first communicator: checked when it forms.
+    for c in range(2, 5):
+        assert isinstance(h.hello(c), P.HelloOk)
+    infos = h.init([2, 3, 4])
+    for e in infos:
+        assert isinstance(e, P.Error) and e.result == P.NCCL_INVALID_USAGE
+        assert "global ranks 2 are not placed by cluster config /cfg/two.yaml (ranks 0-1)" in e.message
+    assert all(h.core.clients[c].global_ranks is None for c in (2, 3, 4)) and not h.core.comms
+
+
+def test_global_ranks_of_two_processes_must_not_collide(h):
+    assert isinstance(h.hello(0, rank=1), P.HelloOk)
+    assert isinstance(h.hello(1), P.HelloOk)             # no RANK: would take rank 1 of this communicator
+    infos = h.init([0, 1])
+    for e in infos:
+        assert isinstance(e, P.Error) and "would both be global rank 1" in e.message, e
+        assert "set RANK" in e.message
+
+
+def test_init_timeout_is_an_event_naming_who_never_arrived():
+    rec = ListRecorder()
+    events = []
+    rec.fault_event = events.append
+    h = Harness(recorder=rec)
+    for c in range(3):
+        h.hello(c, rank=c)
+    uid = b"m" * 128
+    h.send(0, P.CommInit(uid, 3, 0, "pg"))
+    h.send(2, P.CommInit(uid, 3, 2, "pg"))
+    h.tick(5.1)
+    (event,) = [e for e in events if e["event"] == "init_timeout"]
+    assert event["name"] == "pg" and event["nranks"] == 3 and event["missing_ranks"] == [1]
+    assert event["arrived_ranks"] == [0, 2] and event["arrived_global_ranks"] == [0, 2]
+    assert event["timeout_ms"] == 5000 and "ranks [1] did not arrive" in event["message"]
+
+
+# --------------------------------------------------------------------------- failed calls, counted once
+
+
+def test_survivors_failed_calls_are_one_record_and_one_event_each():
+    rec = ListRecorder()
+    events = []
+    rec.fault_event = events.append
+    h = Harness(recorder=rec)
+    handles = world(h, 3)
+    h.disconnect(2, "crashed")
+    for seq in (1, 2):        # two calls of two steps each, by both survivors
+        for r in (0, 1):
+            ops = tuple(op(handles[r], P.KIND_ALLREDUCE, 7, 2, 3, rank=r, total=4, seq=seq, step=k, steps=2,
+                           in_off=8 * k, out_off=8 * k,
+                           flags=P.OP_FLAG_FIRST_STEP if k == 0 else P.OP_FLAG_LAST_STEP) for k in range(2))
+            rid = h.send(r, P.Group(ops=ops))
+            assert h.reply(r, rid).results == (P.NCCL_REMOTE_ERROR, P.NCCL_REMOTE_ERROR)
+    failed = [o for o in rec.ops if o.status != "ok"]
+    assert [o.seq for o in failed] == [0, 1] and all(o.status == "peer_failed" for o in failed)
+    assert [e["seq"] for e in events if e["event"] == "op_failed"] == [1, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -348,6 +349,33 @@ def test_default_report_lands_in_cwd_and_tcp_works(tmp_path, job, shim_library):
     host, port = launcher.parse_tcp_address(results[0]["env"]["FAKEGPU_COORDINATOR_ADDR"])
     assert launcher.is_loopback_host(host) and port > 0
     _check_report(tmp_path / "fakegpu-report.json", world=2)
+
+
+def test_a_report_this_job_could_not_write_is_an_error_and_the_old_one_is_not_shown(tmp_path, job, shim_library):
+    """The 4-rank job runs and checks its results; meanwhile its report path becomes a directory,
+    so the coordinator's final write fails. Before: exit 0 and the previous job's summary."""
+    (tmp_path / "cluster.yaml").write_text(TWO_NODE_YAML)
+    first = _fgpu(["--cluster-config", "cluster.yaml", "--report", "r.json", "--", "true"], tmp_path, shim_library)
+    assert first.returncode == 0 and "cluster launcher-test" in first.stderr, first.stderr
+    (tmp_path / "r.json").unlink()
+    script = tmp_path / "take-path.sh"
+    script.write_text(f"mkdir r.json && touch r.json/x && exec {shlex.quote(sys.executable)} job.py\n")
+    env = dict(os.environ, JOB_WORLD="2", JOB_OUT_DIR=str(tmp_path / "out"))
+    done = _fgpu(["--report", "r.json", "--", "sh", str(script)], tmp_path, shim_library, env=env)
+    assert all(r["exact"] for r in _rank_results(tmp_path / "out", 2))
+    assert done.returncode == 1, done.stderr
+    assert "writing the reports (received SIGTERM) failed" in done.stderr, done.stderr   # the coordinator's tail
+    assert f"Markdown report {tmp_path / 'r.md'} was not written by this job" in done.stderr, done.stderr
+    assert "error: this job's reports were not written" in done.stderr
+    assert "cluster launcher-test" not in done.stderr          # never the earlier job's summary
+    # The coordinator refuses a report path it cannot write before the command starts.
+    done = _fgpu(["--report", "r.json", "--", "sh", "-c", "touch ran"], tmp_path, shim_library)
+    assert done.returncode == 2 and "r.json is a directory" in done.stderr, done.stderr
+    assert not (tmp_path / "ran").exists()
+    # A failing command keeps its own status.
+    shutil.rmtree(tmp_path / "r.json")
+    done = _fgpu(["-q", "--report", "r.json", "--", "sh", "-c", "mkdir r.json; exit 5"], tmp_path, shim_library)
+    assert done.returncode == 5 and "this job's reports were not written" in done.stderr, done.stderr
 
 
 def test_exit_status_propagates(tmp_path, job, shim_library):

@@ -143,10 +143,16 @@ def test_split_communicators(topo):
     assert ranks[1]["comm_inits"] == 3 and ranks[3]["comm_inits"] == 1
 
 
+def failed_call(rep, record):
+    """What the coordinator does for a failed call: one failed record and one op_failed event."""
+    rep.op_completed(record)
+    rep.fault_event({"event": "op_failed", "at": 1.7e9, "seq": record.seq, "op": record.kind})
+
+
 def test_failed_operations_count_as_timeouts_not_calls(topo):
     rep = ClusterReport(topo)
-    rep.op_completed(op(WORLD, "AllReduce", 16, status="timeout", waits={0: 1.0, 1: 1.0}))
-    rep.op_completed(op(WORLD, "Broadcast", 16, root=0, status="mismatch"))
+    failed_call(rep, op(WORLD, "AllReduce", 16, status="timeout", waits={0: 1.0, 1: 1.0}))
+    failed_call(rep, op(WORLD, "Broadcast", 16, root=0, status="mismatch"))
     d = rep.to_dict()
     assert check_report(d) == []
     assert d["collectives"]["AllReduce"]["calls"] == 0 and d["collectives"]["AllReduce"]["errors"] == 1
@@ -156,11 +162,22 @@ def test_failed_operations_count_as_timeouts_not_calls(topo):
     assert [r["errors"] for r in d["ranks"]] == [1, 1, 1, 1]
     assert d["links"]["inter_node"]["bytes"] == 0
     # rank 3 never joined a collective the others timed out on
-    rep.op_completed(op(WORLD, "AllGather", 16, ranks=[0, 1, 2], status="timeout", seq=5))
+    failed_call(rep, op(WORLD, "AllGather", 16, ranks=[0, 1, 2], status="timeout", seq=5))
     d = rep.to_dict()
     assert check_report(d) == []
     assert [r["absences"] for r in d["ranks"]] == [0, 0, 0, 1]
     assert [r["timeouts"] for r in d["ranks"]] == [2, 2, 2, 1]
+
+
+def test_check_wants_one_op_failed_event_per_failed_operation(topo):
+    rep = ClusterReport(topo)
+    failed_call(rep, op(WORLD, "AllReduce", 16, status="mismatch"))
+    rep.op_completed(op(WORLD, "AllReduce", 16, status="peer_failed", seq=1))   # no event: counted apart
+    problems = check_report(rep.to_dict())
+    assert problems == ["consistency: totals.failed_operations 2 != 1 op_failed events (each failed call is one "
+                        "of each)"]
+    rep.fault_event({"event": "op_failed", "at": 1.7e9})
+    assert check_report(rep.to_dict()) == []
 
 
 def test_unplaced_rank_does_not_break_the_report(topo):
@@ -312,7 +329,7 @@ def test_failed_send_known_only_by_one_side(topo):
                       root=-1, peer=-1, ranks=(0,), logical_bytes=40, socket_bytes=0, seq=0,
                       started_at=1.7e9, rendezvous_s=0.0, execution_s=0.0, status="timeout",
                       error="no matching recv")
-    rep.op_completed(failed)
+    failed_call(rep, failed)
     d = rep.to_dict()
     assert check_report(d) == []
     assert d["totals"]["unattributed_operations"] == 0

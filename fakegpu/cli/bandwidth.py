@@ -784,13 +784,8 @@ def _run(args: argparse.Namespace) -> int:
             if args.cluster_report or args.cluster_markdown_report:
                 print("note: --cluster-report/--cluster-markdown-report are written by the "
                       "coordinator; pass them to the command that started it", file=sys.stderr)
-        if plan.start_coordinator or len(plan.local_ranks) > 1:
-            result = _run_rank_processes(args, plan, token_file, workdir)
-        else:
-            os.environ.update({k: v for k, v in _rank_env(plan, plan.local_ranks[0],
-                                                            token_file).items()
-                               if k.startswith("FAKEGPU_") or k in ("RANK", "WORLD_SIZE")})
-            result = run_rank(sweep, plan.local_ranks[0], plan.world_size, plan.session, log=None)
+        # Every rank runs in a process of its own, one here too: --timeout bounds them all.
+        result = _run_rank_processes(args, plan, token_file, workdir)
     finally:
         if coordinator is not None:
             code = coordinator.stop()

@@ -151,6 +151,8 @@ def _serve(ns, env) -> int:
     report_path = ns.report or env.cluster_report_path
     markdown_path = ns.markdown_report or env.cluster_report_markdown_path
     trace_path = ns.trace or env.trace_path
+    if report_path:
+        _check_report_paths(report_path, markdown_path, trace_path)
     try:
         topology = reporting.load_topology(cluster_config)
     except ImportError as exc:
@@ -180,15 +182,18 @@ def _serve(ns, env) -> int:
     core_box.append(core)
     log = logging.getLogger("fakegpu.coordinator")
 
-    def write_reports(why: str) -> None:
+    def write_reports(why: str) -> bool:
+        """Write the reports; False (and an error logged) when that failed."""
         if not report_path or not hasattr(recorder, "write"):
-            return
+            return True
         core.flush_records()
         try:
             recorder.write(report_path, markdown_path, trace_path)
             log.info("reports written (%s) to %s", why, report_path)
         except Exception as exc:
             log.error("writing the reports (%s) failed: %s", why, exc)
+            return False
+        return True
 
     def on_listening(addr: str) -> None:
         print(f"fakegpu coordinator listening on {addr}", flush=True)
@@ -203,11 +208,33 @@ def _serve(ns, env) -> int:
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         reason = "interrupted"
-    write_reports(reason)
+    written = write_reports(reason)
+    unused = getattr(getattr(recorder, "report", None), "unused_ranks_warning", lambda: None)()
+    if unused:
+        log.warning("%s", unused)
     local = (f"; {core.n_local_ops} of {core.n_ops} calls ran host-local in {core.n_arenas} arena(s)"
              if core.n_arenas else "")
     print(f"fakegpu coordinator stopped: {reason}{local}", file=sys.stderr, flush=True)
+    if not written:
+        # A job whose report was lost must not look like a success (fgpu relies on this status).
+        print(f"fakegpu coordinator: error: the final reports could not be written to {report_path}",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _check_report_paths(report_path: str, markdown_path: Optional[str], trace_path: Optional[str]) -> None:
+    """Before serving anyone: every report path can be written (else a whole job runs for nothing)."""
+    from fakegpu.report.writer import ReportPathError, check_writable, default_markdown_path
+
+    for flag, path in (("--report", report_path),
+                       ("--markdown-report", markdown_path or default_markdown_path(report_path)),
+                       ("--trace", trace_path)):
+        if path:
+            try:
+                check_writable(path)
+            except ReportPathError as exc:
+                raise ConfigError(f"cannot write the report {flag} {path}: {exc}") from None
 
 
 if __name__ == "__main__":

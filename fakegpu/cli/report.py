@@ -89,6 +89,11 @@ def summary_text(report: dict) -> str:
     tl = report["timeline"]
     lines += ["", f"timeline: {tl['retained']} retained, {tl['dropped_operations']} dropped "
                   f"(limit {tl['max_operations']}); {len(report['communicators'])} communicator(s)"]
+    prefix = "cluster config warning: "
+    warnings = [n[len(prefix):] for n in report["notes"] if n.startswith(prefix)]
+    if warnings:
+        lines.append("")
+        lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ from fakegpu.coordinator.matching import (
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
     Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous, assign_global_ranks)
+from fakegpu.topology.model import rank_ranges
 
 log = logging.getLogger("fakegpu.coordinator")
 
@@ -88,6 +89,12 @@ _PREMUL = P.REDOP_PREMULSUM
 
 _STATUS_BY_RESULT = {P.NCCL_INVALID_USAGE: "mismatch", P.NCCL_INVALID_ARGUMENT: "error",
                      P.NCCL_TIMEOUT: "timeout", P.NCCL_REMOTE_ERROR: "peer_failed"}
+
+
+def _reported_code(default_code: int, codes: Optional[dict]) -> int:
+    """The result a failed call is reported with: ncclInvalidArgument when some rank passed a bad
+    argument (the others got ncclInvalidUsage), else the call's result."""
+    return P.NCCL_INVALID_ARGUMENT if codes and P.NCCL_INVALID_ARGUMENT in codes.values() else default_code
 
 
 def frame_bytes(msg_type: int, request_id: int, body: bytes) -> bytes:
@@ -191,6 +198,9 @@ class Core:
         self.group_slice_ops: Optional[int] = None
         self._submitting: dict = {}   # conn id -> the rest of a GROUP still to submit
         self._executing: dict = {}    # comm id -> deque of Executions; the first is running
+        # Identities (docs/protocol.md): the live process holding each RANK.
+        self._rank_holders: dict = {}
+        self._warned_unused = False
 
     # ------------------------------------------------------------------ entry points
 
@@ -281,6 +291,8 @@ class Core:
         if client is None:
             return self._out
         client.closed = True
+        if self._rank_holders.get(client.hello.global_rank) is client:
+            del self._rank_holders[client.hello.global_rank]
         reason = client.close_reason or reason
         for handle in [h for h, c in self._freed.items() if c is client]:
             del self._freed[handle]
@@ -390,10 +402,25 @@ class Core:
         if not self._authenticated(conn_id, frame, hello.token,
                                    f"HELLO of pid {hello.pid} on {hello.hostname or '?'}"):
             return
+        problem = self._identity_problem(hello)
+        if problem is not None:
+            who = f"pid {hello.pid} on {hello.hostname or '?'}"
+            log.error("rejected %s: %s", who, problem)
+            self._out.append((SEND, conn_id, error_frame(frame.request_id, P.NCCL_INVALID_USAGE, problem)))
+            self._out.append((CLOSE, conn_id, f"rejected: {problem}"))
+            return
         S = max(MIN_STAGING_BYTES, min(self._staging_size(hello), self.max_staging_bytes))
         staging, shm = staging_factory(hello, S)
         client = Client(conn_id, hello, transport, staging, S, shm)
         self.clients[conn_id] = client
+        if hello.global_rank >= 0:
+            self._rank_holders[hello.global_rank] = client
+        topo = self.topology
+        if topo is not None and 0 < hello.world_size < topo.world_size and not self._warned_unused:
+            self._warned_unused = True
+            log.warning("WORLD_SIZE is %d but %s places %d ranks: ranks %s will have nothing to do",
+                        hello.world_size, topo.describe(), topo.world_size,
+                        rank_ranges(range(hello.world_size, topo.world_size)))
         if self.recording:
             self.flush_records()
             self.recorder.client_connected(client.record)
@@ -415,6 +442,27 @@ class Core:
         if self.host_shm_bytes is None:
             self.host_shm_bytes = SHM.host_shm_bytes()
         return SHM.default_staging_bytes(hello.world_size, self.host_shm_bytes, self.default_staging_bytes)
+
+    def _identity_problem(self, hello) -> Optional[str]:
+        """Why a process's RANK / WORLD_SIZE cannot join this coordinator's job, or None.
+
+        A RANK is held by one live process at a time, must be below WORLD_SIZE, and must be
+        placed by the cluster config when there is one (docs/protocol.md, "Identities")."""
+        g, world = hello.global_rank, hello.world_size
+        topo = self.topology
+        if g >= 0:
+            holder = self._rank_holders.get(g)
+            if holder is not None and not holder.closed:
+                return (f"RANK {g} is already held by {holder.describe()}, connected before this process "
+                        f"(pid {hello.pid} on {hello.hostname or '?'}); every process of a job needs its own RANK")
+            if world >= 0 and g >= world:
+                return f"RANK {g} is not below WORLD_SIZE {world}: ranks of a world of {world} are 0..{world - 1}"
+            if topo is not None and not topo.places(g):
+                return f"RANK {g} is not placed by {topo.describe()}"
+        if topo is not None and world > topo.world_size:
+            return (f"WORLD_SIZE {world} is more than the {topo.world_size} ranks {topo.describe()} places; "
+                    "describe every rank of the job in the cluster config")
+        return None
 
     def _shutdown(self, conn_id: int, frame: P.Frame) -> None:
         msg = P.decode_body(P.SHUTDOWN, frame.body)
@@ -473,13 +521,44 @@ class Core:
         self._waiting.pop(rdv, None)
         arrivals = [rdv.arrivals[r] for r in range(rdv.nranks)]
         clients = [a[0] for a in arrivals]
-        comm = self._new_comm(rdv.name, clients, assign_global_ranks(clients), None)
+        before = [c.global_ranks for c in clients]
+        global_ranks = assign_global_ranks(clients)
+        problem = self._comm_identity_problem(clients, global_ranks)
+        if problem is not None:
+            for c, g in zip(clients, before):   # the refused communicator gives nobody a global rank
+                c.global_ranks = g
+            msg = f"communicator init {self._uid_label(rdv)} of {rdv.nranks} ranks: {problem}"
+            log.error("%s", msg)
+            for c, r_id, _ in arrivals:
+                self._error(c, r_id, P.NCCL_INVALID_USAGE, msg)
+            return
+        comm = self._new_comm(rdv.name, clients, global_ranks, None)
         if self.recording:
             self.flush_records()
             self.recorder.comm_created(comm.record, [now - a[2] for a in arrivals])
         ranks_body = struct.pack(f"<{comm.nranks}i", *comm.record.global_ranks)
         for m, (c, r_id, _) in zip(comm.members, arrivals):
             self._send(c, self._comm_info_frame(r_id, m.handle, m.rank, ranks_body, comm.nranks))
+
+    def _comm_identity_problem(self, clients: list, global_ranks: list) -> Optional[str]:
+        """Why these members cannot form a communicator (global ranks of two processes collide,
+        or the cluster config does not place one), or None. Ranks from RANK were checked at
+        HELLO; this catches the ones taken from a process's first communicator."""
+        owner: dict = {}
+        for rank, (c, g) in enumerate(zip(clients, global_ranks)):
+            other = owner.setdefault(g, (rank, c))
+            if other[1] is not c:
+                def origin(cl: Client) -> str:
+                    how = "its RANK" if cl.hello.global_rank >= 0 else "its first communicator"
+                    return f"{cl.describe()}, global rank from {how}"
+                return (f"ranks {other[0]} ({origin(other[1])}) and {rank} ({origin(c)}) would both be global rank "
+                        f"{g}; set RANK (and WORLD_SIZE) for every process of the job")
+        topo = self.topology
+        if topo is not None:
+            unplaced = sorted({g for g in global_ranks if not topo.places(g)})
+            if unplaced:
+                return f"global ranks {rank_ranges(unplaced)} are not placed by {topo.describe()}"
+        return None
 
     def _own_member(self, client: Client, handle: int, what: str, rid: int) -> Optional[Member]:
         m = self.handles.get(handle)
@@ -652,33 +731,32 @@ class Core:
             msg = f"{comm.label()} collective #{seq} {op}: {reason}"
             for s in arrived:
                 self._op_done(s.group, s.index, code, msg)
-            self._op_failed_event(comm, seq, arrived, code, msg,
-                                  [r for r, s in enumerate(slot.steps) if s is None])
-            self._record_failure(comm, seq, arrived, code, msg, slot.first_wall)
-            self._fail_call(comm, seq, arrived, code, msg)
+            self._fail_call(comm, seq, arrived, code, msg, started=slot.first_wall,
+                            missing=[r for r, s in enumerate(slot.steps) if s is None])
+        reported: set = set()   # (pair, match_seq): a call with several steps waiting is one failure
+
+        def fail_p2p(table: dict, k: tuple, s: Step, pair: tuple, msg: str) -> None:
+            del table[k]
+            self._waiting.pop(s, None)
+            self._op_done(s.group, s.index, code, msg)
+            if (pair, k[0]) not in reported:
+                reported.add((pair, k[0]))
+                self._report_failed_call(comm, None, [s], code, msg, self._arrival_wall(s), [rank])
+
         for (src, dst), q in comm.p2p.items():
             if dst == rank:
                 for k, s in list(q.sends.items()):
                     if s.payload is None:
-                        del q.sends[k]
-                        self._waiting.pop(s, None)
-                        self._op_done(s.group, s.index, code,
-                                      f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
+                        fail_p2p(q.sends, k, s, (src, dst),
+                                 f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
                 for k, s in list(q.recvs.items()):
-                    del q.recvs[k]
-                    self._waiting.pop(s, None)
-                    self._op_done(s.group, s.index, code, f"{comm.label()} Recv on rank {dst}: {reason}")
+                    fail_p2p(q.recvs, k, s, (src, dst), f"{comm.label()} Recv on rank {dst}: {reason}")
             if src == rank:
                 for k, s in list(q.recvs.items()):
-                    del q.recvs[k]
-                    self._waiting.pop(s, None)
-                    self._op_done(s.group, s.index, code,
-                                  f"{comm.label()} Recv on rank {dst} from rank {src}: {reason}")
+                    fail_p2p(q.recvs, k, s, (src, dst), f"{comm.label()} Recv on rank {dst} from rank {src}: {reason}")
                 for k, s in list(q.sends.items()):
                     if s.payload is None:
-                        del q.sends[k]
-                        self._waiting.pop(s, None)
-                        self._op_done(s.group, s.index, code, f"{comm.label()} Send from rank {src}: {reason}")
+                        fail_p2p(q.sends, k, s, (src, dst), f"{comm.label()} Send from rank {src}: {reason}")
         for seq, rdv in list(comm.splits.items()):
             del comm.splits[seq]
             self._waiting.pop(rdv, None)
@@ -900,9 +978,10 @@ class Core:
             return
         if comm.gone_ranks:
             code, msg = self._gone_error(comm, f"collective #{seq} {describe_op(d)}")
-            if seq > comm.reported_seq:   # one event per collective, not one per arriving rank
+            if seq > comm.reported_seq:   # one failure per call, not one per arriving rank or step
                 comm.reported_seq = seq
-                self._op_failed_event(comm, seq, [step], code, msg, sorted(comm.gone_ranks))
+                self._report_failed_call(comm, seq, [step], code, msg, self._arrival_wall(step),
+                                         sorted(comm.gone_ranks))
             self._op_done(step.group, step.index, code, msg)
             return
         key = (seq, d[D_STEP_INDEX])
@@ -936,10 +1015,11 @@ class Core:
                 table.pop(seq, None)
 
     def _fail_call(self, comm: Comm, seq: int, steps: list, default_code: int, msg: str,
-                   codes: Optional[dict] = None) -> None:
+                   codes: Optional[dict] = None, *, started: float, missing: list = ()) -> None:
         """Call ``seq`` failed at one of its steps (``steps``, already answered): remember it so
         that its other steps -- already waiting in other slots, or still to come -- fail the
-        same way instead of pairing with another call's steps."""
+        same way instead of pairing with another call's steps. It is reported here, once."""
+        self._report_failed_call(comm, seq, steps, _reported_code(default_code, codes), msg, started, missing)
         failed = FailedCall(default_code, msg, codes)
         for s in steps:
             d = s.desc
@@ -981,11 +1061,9 @@ class Core:
             for s in steps:
                 if s.sig != sig:
                     msg = mismatch_message(comm, slot.seq, steps)
-                    self._op_failed_event(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, [])
                     for t in steps:
                         self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
-                    self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
-                    self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg)
+                    self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, started=slot.first_wall)
                     return
         else:
             rejected = "; ".join(f"rank {s.member.rank}: {s.error}" for s in steps if s.error)
@@ -995,9 +1073,7 @@ class Core:
                 code = P.NCCL_INVALID_ARGUMENT if t.error else P.NCCL_INVALID_USAGE
                 codes[t.member.rank] = code
                 self._op_done(t.group, t.index, code, msg)
-            self._op_failed_event(comm, slot.seq, steps, P.NCCL_INVALID_ARGUMENT, msg, [])
-            self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_ARGUMENT, msg, slot.first_wall)
-            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, codes)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, codes, started=slot.first_wall)
             return
         kind = first[D_KIND]
         dt = DTYPES[first[D_DTYPE]]
@@ -1009,8 +1085,7 @@ class Core:
                    "must use the same FAKEGPU_DIST_MODE")
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
-            self._record_failure(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, slot.first_wall)
-            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, started=slot.first_wall)
             return
         if accounted:  # proxy mode: NVIDIA's NCCL moved the data; only match and account
             t0 = self.clock()
@@ -1051,8 +1126,7 @@ class Core:
             msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
-            self._record_failure(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg, slot.first_wall)
-            self._fail_call(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg)
+            self._fail_call(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg, started=slot.first_wall)
             return
         self.n_ops += 1
         if self.recording:
@@ -1134,9 +1208,11 @@ class Core:
             del q.failed[seq]
 
     def _fail_p2p_call(self, q: PairQueue, seq: int, steps: list, default_code: int, msg: str,
-                       codes: Optional[dict] = None) -> None:
+                       codes: Optional[dict] = None, missing: list = ()) -> None:
         """Send/Recv call ``seq`` of a pair failed at one of its steps (``steps``, answered):
-        its other steps, waiting or still to come, fail the same way."""
+        its other steps, waiting or still to come, fail the same way. It is reported here, once."""
+        self._report_failed_call(steps[0].member.comm, None, steps, _reported_code(default_code, codes), msg,
+                                 min(self._arrival_wall(s) for s in steps), missing)
         failed = FailedCall(default_code, msg, codes)
         for s in steps:
             d = s.desc
@@ -1186,6 +1262,7 @@ class Core:
             if send.payload is None:
                 self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
             self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
+            self._fail_p2p_call(q, sd[D_MATCH_SEQ], [send, recv], P.NCCL_INVALID_USAGE, msg)
             return
         src = send.payload
         if src is None:
@@ -1214,11 +1291,9 @@ class Core:
                f"ranks {missing} did not arrive within {self.timeout_ms} ms "
                f"(FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: {asked}")
         log.warning("timeout: %s", msg)
-        self._op_failed_event(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, missing)
         for s in arrived:
             self._op_done(s.group, s.index, P.NCCL_TIMEOUT, msg)
-        self._record_failure(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, slot.first_wall)
-        self._fail_call(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg)
+        self._fail_call(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, started=slot.first_wall, missing=missing)
 
     def _expire_p2p(self, step: Step) -> None:
         d = step.desc
@@ -1235,10 +1310,11 @@ class Core:
         msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
                f"{'Recv' if sending else 'Send'} within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
         log.warning("timeout: %s", msg)
-        self._op_failed_event(comm, None, [step], P.NCCL_TIMEOUT, msg, [peer])
         self._op_done(step.group, step.index, P.NCCL_TIMEOUT, msg)
         if q is not None:
-            self._fail_p2p_call(q, d[D_MATCH_SEQ], [step], P.NCCL_TIMEOUT, msg)
+            self._fail_p2p_call(q, d[D_MATCH_SEQ], [step], P.NCCL_TIMEOUT, msg, missing=[peer])
+        else:
+            self._report_failed_call(comm, None, [step], P.NCCL_TIMEOUT, msg, self._arrival_wall(step), [peer])
 
     def _expire_init(self, rdv: InitRendezvous) -> None:
         self.inits.pop(rdv.uid, None)
@@ -1247,8 +1323,19 @@ class Core:
                f"arrive within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: "
                f"{sorted(rdv.arrivals)}")
         log.warning("timeout: %s", msg)
+        arrived = sorted(rdv.arrivals)
+        self._event("init_timeout", name=rdv.name, unique_id=rdv.uid[:8].hex(), nranks=rdv.nranks,
+                    arrived_ranks=arrived, missing_ranks=missing,
+                    arrived_global_ranks=[self._known_global_rank(rdv.arrivals[r][0]) for r in arrived],
+                    timeout_ms=self.timeout_ms, message=msg)
         for client, rid, _ in rdv.arrivals.values():
             self._error(client, rid, P.NCCL_TIMEOUT, msg)
+
+    @staticmethod
+    def _known_global_rank(client: Client) -> int:
+        """The global rank of a process waiting in a communicator init, or -1 when it has none yet
+        (no RANK and no communicator so far); for one process holding several ranks, its first."""
+        return client.global_ranks[0] if client.global_ranks else -1
 
     def _expire_split(self, rdv: SplitRendezvous) -> None:
         comm = rdv.comm
@@ -1276,6 +1363,20 @@ class Core:
                 self.recorder.fault_event(item)
             except Exception:  # the report must never break the data path
                 log.exception("recorder failed on fault_event")
+
+    def _report_failed_call(self, comm: Comm, seq: Optional[int], steps: list, code: int, msg: str,
+                            started: float, missing) -> None:
+        """A call failed: one op_failed event and one failed record in the report, so that
+        totals.failed_operations counts failed calls and equals the op_failed events. Callers
+        call this once per call (_fail_call, _fail_p2p_call, the first step to find a member gone)."""
+        if not steps:
+            return
+        self._op_failed_event(comm, seq, steps, code, msg, list(missing))
+        self._record_failure(comm, seq if seq is not None else steps[0].desc[D_MATCH_SEQ], steps, code, msg, started)
+
+    def _arrival_wall(self, step: Step) -> float:
+        """Epoch seconds at which a step arrived (steps keep monotonic times)."""
+        return self.wall() - max(0.0, self.clock() - step.arrived_at)
 
     def _op_failed_event(self, comm: Comm, seq, steps: list, code: int, msg: str, missing: list) -> None:
         d = steps[0].desc if steps else None

@@ -75,7 +75,7 @@ class Comm:
         self.gone_ranks: dict = {}     # rank -> (result, reason)
         self.splits: dict = {}         # split seq -> SplitRendezvous
         self.shrinks: dict = {}        # shrink seq -> ShrinkRendezvous
-        self.reported_seq = -1         # last collective seq failed for a gone member (one event each)
+        self.reported_seq = -1         # last collective seq whose failure was counted (one per call)
         self.call = None               # accumulator of the collective call in progress
         self.p2p_calls: dict = {}      # (sender, receiver) -> accumulator
         # Host-local collectives (arena.py). The first ARENA request decides for the whole

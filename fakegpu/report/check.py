@@ -123,6 +123,13 @@ def consistency_problems(report: dict) -> list[str]:
         expect(sum(events["by_event"].values()) == events["retained"] + events["dropped"],
                f"events.by_event {events['by_event']} does not add up to retained + dropped "
                f"({events['retained']} + {events['dropped']})")
+        # Every failed call is one op_failed event and one failed operation (docs/reports.md);
+        # an unattributed record may be a failure the totals could not count.
+        op_failed = events["by_event"].get("op_failed", 0)
+        if totals["unattributed_operations"] == 0:
+            expect(op_failed == totals["failed_operations"],
+                   f"totals.failed_operations {totals['failed_operations']} != {op_failed} op_failed events "
+                   "(each failed call is one of each)")
         fired = sum(f.get("fired", 0) for f in events["faults"])
         injected = events["by_event"].get("fault_injected", 0)
         expect(injected == fired, f"{injected} fault_injected events but the faults fired {fired} times")

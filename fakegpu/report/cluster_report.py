@@ -18,6 +18,7 @@ from fakegpu import __version__
 from fakegpu import costmodel
 from fakegpu.coordinator.records import ClientRecord, CommRecord, OpRecord
 from fakegpu.topology import Topology
+from fakegpu.topology.model import rank_ranges
 
 SCHEMA_VERSION = 1
 _CACHE_LIMIT = 4096
@@ -96,6 +97,7 @@ class _RankStats:
     errors: int = 0
     absences: int = 0                  # failed collectives this rank never joined
     comm_inits: int = 0
+    init_timeouts: int = 0             # communicator inits it waited in until the timeout
     init_wait_s: float = 0.0
     collective_calls: int = 0
     p2p_sends: int = 0
@@ -189,6 +191,7 @@ class ClusterReport:
         self._events: list[dict] = []
         self._events_dropped = 0
         self._event_counts = Counter()
+        self._seen_ranks: set[int] = set()   # ranks the job used: connected with RANK, or members
 
     # -- Recorder protocol -------------------------------------------------------------
     def client_connected(self, client: ClientRecord) -> None:
@@ -196,6 +199,7 @@ class ClusterReport:
             self._clients[client.client_id] = client
             self._clients_connected += 1
             if client.global_rank >= 0:
+                self._seen_ranks.add(client.global_rank)
                 stats = self._rank(client.global_rank)
                 stats.pid, stats.hostname = client.pid, client.hostname
                 stats.transport, stats.shared_memory = client.transport, client.shared_memory
@@ -215,6 +219,7 @@ class ClusterReport:
             if comm.comm_id not in self._comms:
                 self._comms[comm.comm_id] = _CommStats(comm)
             waits = list(init_wait_s)
+            self._seen_ranks.update(comm.global_ranks)
             for i, g in enumerate(comm.global_ranks):
                 stats = self._rank(g)
                 stats.comm_inits += 1
@@ -239,6 +244,12 @@ class ClusterReport:
         """A failure or recovery event (fault injected, op failed, abort, shrink, disconnect)."""
         with self._lock:
             self._event_counts[event.get("event", "?")] += 1
+            if event.get("event") == "init_timeout":
+                # The ranks that waited; the missing ones are comm ranks of a communicator that
+                # never formed, so their global ranks are unknown (the event lists them).
+                for g in event.get("arrived_global_ranks", ()):
+                    if isinstance(g, int) and g >= 0:
+                        self._rank(g).init_timeouts += 1
             if len(self._events) < max(self.max_operations, 100):
                 self._events.append(_jsonable(dict(event)))
             else:
@@ -493,6 +504,7 @@ class ClusterReport:
                 "errors": r.errors,
                 "absences": r.absences,
                 "comm_inits": r.comm_inits,
+                "init_timeouts": r.init_timeouts,
                 "init_wait_s": r.init_wait_s,
                 "collective_calls": r.collective_calls,
                 "p2p_sends": r.p2p_sends,
@@ -530,6 +542,9 @@ class ClusterReport:
                 f"{topo.gpu_of(0).name} GPUs on NVLink) was assumed."
             )
         notes.extend(f"cluster config warning: {w}" for w in topo.warnings)
+        unused = self.unused_ranks_warning()
+        if unused:
+            notes.append(f"cluster config warning: {unused}")
         if self._dropped:
             notes.append(f"The timeline kept the first {self.max_operations} operations; "
                          f"{self._dropped} later ones are counted in the summaries only.")
@@ -581,6 +596,20 @@ class ClusterReport:
                 "items": [dict(e) for e in self._events],
             },
         }
+
+    def unused_ranks_warning(self) -> Optional[str]:
+        """When the cluster config places ranks the job never used: which ones (else None)."""
+        topo = self.topology
+        with self._lock:
+            if topo.is_default or not self._seen_ranks:
+                return None
+            unused = [g for g in range(topo.world_size) if topo.places(g) and g not in self._seen_ranks]
+            if not unused:
+                return None
+            used = topo.world_size - len(unused)
+            return (f"{topo.describe()} places {topo.world_size} ranks but the job used {used}: ranks "
+                    f"{rank_ranges(unused)} never connected or joined a communicator, and their nodes' "
+                    "figures describe idle GPUs")
 
     def write(self, json_path, markdown_path=None, trace_path=None) -> dict:
         """Write the JSON report (and Markdown beside it, and a trace if asked) atomically.

@@ -111,7 +111,7 @@ _EVENTS = _obj({
     "items": {"type": "array", "items": {
         "type": "object", "required": ["event", "at"],
         "properties": {"event": {"enum": ["fault_injected", "op_failed", "comm_abort", "comm_shrink",
-                                          "rank_disconnected"]},
+                                          "rank_disconnected", "init_timeout"]},
                        "at": {"type": "number"}},
     }},
 })
@@ -206,7 +206,7 @@ REPORT_SCHEMA = {
             "bytes_received": _INT,
             "modeled_busy_s": _NUM,
             "modeled_end_s": _NUM,
-        })},
+        }, {"init_timeouts": _INT})},
         "communicators": {"type": "array", "items": _obj({
             "id": {"type": "integer"},
             "name": {"type": "string"},

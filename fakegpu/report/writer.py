@@ -37,6 +37,29 @@ def atomic_write_text(path: PathLike, text: str) -> str:
     return str(target)
 
 
+class ReportPathError(OSError):
+    """A report cannot be written at the path it was given; the message says why."""
+
+
+def check_writable(path: PathLike) -> None:
+    """Fail now, naming the path, when a report could not be written there later: the path is a
+    directory, its folder cannot be created, or no file can be made in it (read-only, no
+    permission). Writes and removes a probe file beside the target, as atomic_write_text would."""
+    target = Path(path)
+    if target.is_dir():
+        raise ReportPathError(f"{target} is a directory")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportPathError(f"cannot create its directory {target.parent}: {exc.strerror or exc}") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=str(target.parent))
+    except OSError as exc:
+        raise ReportPathError(f"cannot create files in {target.parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def default_markdown_path(json_path: PathLike) -> str:
     """``report.json`` -> ``report.md`` (``report`` -> ``report.md``)."""
     p = Path(json_path)

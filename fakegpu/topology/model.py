@@ -92,6 +92,15 @@ class Topology:
     def node_count(self) -> int:
         return len(self.nodes)
 
+    def places(self, rank: int) -> bool:
+        """Whether the topology puts global rank ``rank`` on a node."""
+        return rank in self._rank_node
+
+    def describe(self) -> str:
+        """What it is and which ranks it places, for messages: "cluster config X (ranks 0-3)"."""
+        where = f"cluster config {self.source}" if self.source else "the default topology"
+        return f"{where} (ranks {rank_ranges(sorted(self._rank_node))})"
+
     def _check_rank(self, rank: int) -> None:
         if rank not in self._rank_node:
             where = f"cluster config {self.source}" if self.source else "the default topology"
@@ -174,6 +183,20 @@ class Topology:
 
 
 DEFAULT_PROFILE = "h100"
+
+
+def rank_ranges(ranks) -> str:
+    """Sorted ranks as ranges for messages: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    parts: list[str] = []
+    ranks = sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts) or "none"
 
 
 def default_topology(world_size: int, profile: str = DEFAULT_PROFILE) -> Topology:
