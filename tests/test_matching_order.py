@@ -225,7 +225,7 @@ CONFIGS = [
 def test_random_call_sequences_with_random_faults(pools, nranks, env):
     pool = pools(nranks, **env)
 
-    @settings(max_examples=12, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=30, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.lists(plan_calls(nranks, 6000), min_size=1, max_size=6))
     def check(plan):
