@@ -32,16 +32,7 @@ def worker(run_dir: Path, rank: int, nranks: int) -> int:
     nccl = Nccl()
     out = {"rank": rank, "pid": os.getpid(), "ok": False, "error": None}
     try:
-        path = run_dir / "uid"
-        if rank == 0:
-            tmp = run_dir / ".uid.tmp"
-            tmp.write_bytes(nccl.get_unique_id())
-            os.replace(tmp, path)
-        deadline = time.monotonic() + 60
-        while not path.exists():
-            assert time.monotonic() < deadline, "no unique id"
-            time.sleep(0.005)
-        comm = nccl.comm_init_rank(nranks, path.read_bytes(), rank, name="identity-world")
+        comm = nccl.comm_init_rank(nranks, nccl.shared_unique_id(run_dir / "uid", rank, 60), rank, name="identity-world")
         send = np.full(64, rank + 1, dtype=np.float32)
         recv = np.zeros(64, dtype=np.float32)
         comm.all_reduce(send, recv, 64, np.float32, "sum")

@@ -30,7 +30,7 @@ from helpers.coordinator import CoordinatorProcess
 from helpers.ranks import REPO_ROOT, _STRIPPED
 
 WORKER = Path(__file__).resolve().parent / "helpers" / "plan_worker.py"
-PLAN_TIMEOUT_S = 120.0
+PLAN_TIMEOUT_S = float(os.environ.get("FAKEGPU_TEST_PLAN_TIMEOUT_S", "120"))
 
 
 class PlanPool:
@@ -94,7 +94,7 @@ def coordinator():
         yield c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pools(coordinator, shim_library):
     made: dict = {}
 

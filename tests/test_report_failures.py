@@ -29,16 +29,7 @@ def worker(run_dir: Path, rank: int, nranks: int, plan: dict) -> int:
     from fakegpu.nccl import Nccl, NcclError
 
     nccl = Nccl()
-    path = run_dir / "uid"
-    if rank == 0:
-        tmp = run_dir / ".uid.tmp"
-        tmp.write_bytes(nccl.get_unique_id())
-        os.replace(tmp, path)
-    deadline = time.monotonic() + 60
-    while not path.exists():
-        assert time.monotonic() < deadline, "no unique id"
-        time.sleep(0.005)
-    comm = nccl.comm_init_rank(nranks, path.read_bytes(), rank, name="failures-world")
+    comm = nccl.comm_init_rank(nranks, nccl.shared_unique_id(run_dir / "uid", rank, 60), rank, name="failures-world")
     count = plan["count"]
     outcomes = []
     for call in range(1, plan["calls"] + 1):

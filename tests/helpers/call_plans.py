@@ -36,71 +36,83 @@ def inputs(call: dict, rank: int, nranks: int, dtype: int, count: int) -> np.nda
     return rng.integers(-4, 5, size=n).astype(DataType(dtype).numpy_dtype)
 
 
+def effective(call: dict, rank: int, nranks: int) -> dict:
+    """The arguments ``rank`` passes (its fault applied) and whether the shim rejects them."""
+    kind = call["kind"]
+    args = {"kind": kind, "dtype": call["dtype"], "count": call["count"], "op": call["op"], "root": call["root"],
+            "null_send": False, "rejected": False, "send_rejected": False}
+    fault = call["bad"].get(rank)
+    if fault is None:
+        return args
+    what = fault[0]
+    if what in ("count", "dtype", "op", "root"):
+        args[what] = fault[1]
+    elif what == "bad_dtype":
+        args["dtype"] = 99
+        args["rejected"] = args["send_rejected"] = True
+    elif what == "bad_op":
+        args["op"] = 42
+        args["rejected"] = True
+    elif what == "bad_root":
+        args["root"] = nranks + 2
+        args["rejected"] = True
+    elif what == "null":
+        args["null_send"] = args["send_rejected"] = True
+        args["rejected"] = kind != "ring"   # in the ring only the Send needs the buffer
+    return args
+
+
 def rank_call(call: dict, rank: int, nranks: int) -> dict:
     """The arguments ``rank`` passes (its fault applied) and its buffers."""
-    kind = call["kind"]
-    dtype, count, op, root = call["dtype"], call["count"], call["op"], call["root"]
-    fault = call["bad"].get(rank)
-    null_send = False
-    if fault is not None:
-        what = fault[0]
-        if what == "count":
-            count = fault[1]
-        elif what == "dtype":
-            dtype = fault[1]
-        elif what == "op":
-            op = fault[1]
-        elif what == "root":
-            root = fault[1]
-        elif what == "bad_dtype":
-            dtype = 99
-        elif what == "bad_op":
-            op = 42
-        elif what == "bad_root":
-            root = nranks + 2
-        elif what == "null":
-            null_send = True
+    a = effective(call, rank, nranks)
+    dtype, count = a["dtype"], a["count"]
     buf_dtype = dtype if dtype in {int(d) for d in DataType} else int(DataType.float64)
-    send = inputs(call, rank, nranks, buf_dtype, count)
-    out = np.full(_out_count(kind, count, nranks), SENTINEL, dtype=DataType(buf_dtype).numpy_dtype)
-    return {"kind": kind, "dtype": dtype, "count": count, "op": op, "root": root, "send": send, "out": out,
-            "null_send": null_send}
+    a["send"] = inputs(call, rank, nranks, buf_dtype, count)
+    a["out"] = np.full(_out_count(a["kind"], count, nranks), SENTINEL, dtype=DataType(buf_dtype).numpy_dtype)
+    return a
+
+
+def _agreement(a: dict) -> tuple:
+    kind = a["kind"]
+    return (a["dtype"], a["count"], a["op"] if kind in REDUCING else None, a["root"] if kind in ROOTED else None)
 
 
 def failing_ranks(call: dict, nranks: int) -> set:
-    """The ranks whose call must fail: every member of a collective with any fault; for the
-    ring, a rank whose Send or Recv pairs with a faulty side."""
-    bad = call["bad"]
-    if not bad:
-        return set()
+    """The ranks whose call must fail: every member of a collective in which a rank's arguments
+    are rejected or the ranks disagree; in the ring, a rank whose Send or Recv pairs with a
+    rejected or disagreeing side."""
+    eff = [effective(call, r, nranks) for r in range(nranks)]
     if call["kind"] != "ring":
-        return set(range(nranks))
-    send_bad = {r for r in bad}
-    recv_bad = {r for r, f in bad.items() if f[0] != "null"}
-    out = set()
-    for q in range(nranks):
-        if q in send_bad or (q + 1) % nranks in recv_bad or q in recv_bad or (q - 1) % nranks in send_bad:
-            out.add(q)
-    return out
+        if any(a["rejected"] for a in eff) or len({_agreement(a) for a in eff}) > 1:
+            return set(range(nranks))
+        return set()
+
+    def pair_fails(sender: int) -> bool:
+        receiver = (sender + 1) % nranks
+        s, r = eff[sender], eff[receiver]
+        return s["send_rejected"] or r["rejected"] or _agreement(s) != _agreement(r)
+
+    return {q for q in range(nranks) if pair_fails(q) or pair_fails((q - 1) % nranks)}
 
 
 def expected_output(call: dict, rank: int, nranks: int):
-    """What ``rank``'s output buffer must hold when no rank passed a fault (None: not defined,
-    a non-root of Reduce)."""
-    kind, dtype, count = call["kind"], call["dtype"], call["count"]
+    """What ``rank``'s output buffer must hold when its call succeeds (None: not defined, a
+    non-root of Reduce). The ranks of a successful call agree on their arguments."""
+    a = effective(call, rank, nranks)
+    kind, dtype, count = call["kind"], a["dtype"], a["count"]
     ins = [inputs(call, r, nranks, dtype, count) for r in range(nranks)]
     if kind == "broadcast":
-        return ins[call["root"]]
+        return ins[a["root"]]
     if kind == "all_gather":
         return np.concatenate(ins)
     if kind == "ring":
         return ins[(rank - 1) % nranks]
-    fold = REDUCERS[call["op"]]
+    fold = REDUCERS[a["op"]]
     total = ins[0].copy()
     for x in ins[1:]:
         total = fold(total, x)
     if kind == "all_reduce":
         return total
     if kind == "reduce":
-        return total if rank == call["root"] else None
+        return total if rank == a["root"] else None
     return total[rank * count:(rank + 1) * count]  # reduce_scatter

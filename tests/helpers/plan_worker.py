@@ -43,9 +43,22 @@ def run_call(comm, nccl: Nccl, rank: int, nranks: int, call: dict):
     elif kind == "reduce_scatter":
         comm.reduce_scatter(sendbuf, out, a["count"], a["dtype"], a["op"])
     elif kind == "ring":  # Send to rank+1 and Recv from rank-1 in one group
-        with nccl.group():
-            comm.send(sendbuf, a["count"], a["dtype"], (rank + 1) % nranks)
-            comm.recv(out, a["count"], a["dtype"], (rank - 1) % nranks)
+        # Both calls are made whatever the first returns, as a C program that checks the result
+        # of ncclGroupEnd would: a Send rejected here must not keep this rank's Recv from its peer.
+        errors = []
+        nccl.group_start()
+        for issue in (lambda: comm.send(sendbuf, a["count"], a["dtype"], (rank + 1) % nranks),
+                      lambda: comm.recv(out, a["count"], a["dtype"], (rank - 1) % nranks)):
+            try:
+                issue()
+            except NcclError as exc:
+                errors.append(exc)
+        try:
+            nccl.group_end()
+        except NcclError as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
     else:
         raise ValueError(f"unknown kind {kind!r}")
     return out
