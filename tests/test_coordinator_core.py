@@ -820,3 +820,42 @@ def test_survivors_failed_calls_are_one_record_and_one_event_each():
     failed = [o for o in rec.ops if o.status != "ok"]
     assert [o.seq for o in failed] == [0, 1] and all(o.status == "peer_failed" for o in failed)
     assert [e["seq"] for e in events if e["event"] == "op_failed"] == [1, 2]
+
+
+def test_a_parked_send_that_fails_later_fails_its_groups_final_frame(h):
+    """A Send parked from a partial frame is answered early; when the peer's Recv then
+    disagrees, the sender's group must fail too: its final frame (same group id) carries it."""
+    handles = world(h, 2)
+    gid = 7 << P.GROUP_ID_SHIFT
+    first = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 4, step=0, steps=2, seq=1),),
+                              flags=P.GROUP_FLAG_PARTIAL | gid))
+    assert h.reply(0, first).results == (0,)          # parked and answered
+    final = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 4, in_off=64, step=1, steps=2, seq=1),),
+                              flags=gid))
+    assert h.reply(0, final) is None                   # waits for the parked Send's fate
+    recv = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 3, seq=1),)))
+    assert h.reply(1, recv).results == (P.NCCL_INVALID_USAGE,)
+    done = h.reply(0, final)
+    assert done.results == (P.NCCL_INVALID_USAGE,) and "disagree" in done.message
+    # The next pair of calls is unaffected.
+    h.staging(0)[0][:8] = np.frombuffer(np.array([1.5, 2.5], np.float32).tobytes(), np.uint8)
+    r0 = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 2, seq=2),)))
+    r1 = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 2, seq=2),)))
+    assert h.reply(0, r0).results == (0,) and h.reply(1, r1).results == (0,)
+    assert h.staging(1)[1][:8].view(np.float32).tolist() == [1.5, 2.5]
+
+
+def test_a_parked_send_that_matches_lets_the_final_frame_succeed(h):
+    handles = world(h, 2)
+    gid = 9 << P.GROUP_ID_SHIFT
+    h.staging(0)[0][:16] = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), np.uint8)
+    first = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_SEND, 1, 4),), flags=P.GROUP_FLAG_PARTIAL | gid))
+    assert h.reply(0, first).results == (0,)
+    final = h.send(0, P.Group(ops=(p2p(handles[0], P.KIND_RECV, 1, 1, seq=1),), flags=gid))
+    recv = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_RECV, 0, 4),)))
+    assert h.reply(1, recv).results == (0,)
+    assert h.staging(1)[1][:16].view(np.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert h.reply(0, final) is None                   # its own Recv still waits
+    h.staging(1)[0][:4] = np.frombuffer(np.array([9.0], np.float32).tobytes(), np.uint8)
+    send = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_SEND, 0, 1, seq=1),)))
+    assert h.reply(1, send).results == (0,) and h.reply(0, final).results == (0,)

@@ -42,7 +42,7 @@ from fakegpu.coordinator.faults import FaultPlan, load_plan
 from fakegpu.coordinator.matching import (
     D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF,
     D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL, FailedCall, GroupState, PairQueue,
-    Slot, Step, describe_op, mismatch_message, validate)
+    Slot, SplitGroup, Step, describe_op, mismatch_message, validate)
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
     Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous, assign_global_ranks)
@@ -70,6 +70,7 @@ _OPDESC_SIZE = P.OPDESC_SIZE
 # member that never moves on cannot make the coordinator keep more than this many.
 _MAX_FAILED_CALLS = 1024
 _NO_PAYLOAD = np.empty(0, dtype=np.uint8)
+_MAX_SPLIT_GROUPS = 4096   # groups of one connection in several frames at once (one per thread)
 _OPDESC_ITER = P.OPDESC_STRUCT.iter_unpack
 _GROUP_PREFIX = struct.Struct("<II")
 _COMM_INFO_FIXED = struct.Struct("<Qii")
@@ -738,7 +739,8 @@ class Core:
         def fail_p2p(table: dict, k: tuple, s: Step, pair: tuple, msg: str) -> None:
             del table[k]
             self._waiting.pop(s, None)
-            self._op_done(s.group, s.index, code, msg)
+            self._op_done(s.group, s.index, code, msg)   # a parked Send was answered: no-op
+            self._parked_resolved(s, code, msg)
             if (pair, k[0]) not in reported:
                 reported.add((pair, k[0]))
                 self._report_failed_call(comm, None, [s], code, msg, self._arrival_wall(s), [rank])
@@ -746,17 +748,15 @@ class Core:
         for (src, dst), q in comm.p2p.items():
             if dst == rank:
                 for k, s in list(q.sends.items()):
-                    if s.payload is None:
-                        fail_p2p(q.sends, k, s, (src, dst),
-                                 f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
+                    fail_p2p(q.sends, k, s, (src, dst),
+                             f"{comm.label()} Send from rank {src} to rank {dst}: {reason}")
                 for k, s in list(q.recvs.items()):
                     fail_p2p(q.recvs, k, s, (src, dst), f"{comm.label()} Recv on rank {dst}: {reason}")
             if src == rank:
                 for k, s in list(q.recvs.items()):
                     fail_p2p(q.recvs, k, s, (src, dst), f"{comm.label()} Recv on rank {dst} from rank {src}: {reason}")
                 for k, s in list(q.sends.items()):
-                    if s.payload is None:
-                        fail_p2p(q.sends, k, s, (src, dst), f"{comm.label()} Send from rank {src}: {reason}")
+                    fail_p2p(q.sends, k, s, (src, dst), f"{comm.label()} Send from rank {src}: {reason}")
         for seq, rdv in list(comm.splits.items()):
             del comm.splits[seq]
             self._waiting.pop(rdv, None)
@@ -807,7 +807,20 @@ class Core:
         sliced = self.group_slice_ops and n_ops > self.group_slice_ops and not faults
         # A large table is decoded a slice at a time, as it is submitted (_submit_group).
         descs = [None] * n_ops if sliced else [_OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i) for i in range(n_ops)]
-        group = GroupState(client, rid, descs, bool(flags & P.GROUP_FLAG_PARTIAL))
+        partial = bool(flags & P.GROUP_FLAG_PARTIAL)
+        split = None
+        group_id = flags >> P.GROUP_ID_SHIFT
+        if group_id:
+            split = client.split_groups.get(group_id)
+            if split is None:
+                if len(client.split_groups) >= _MAX_SPLIT_GROUPS:
+                    raise P.ProtocolError(f"more than {_MAX_SPLIT_GROUPS} groups in several frames at once")
+                split = client.split_groups[group_id] = SplitGroup()
+            if not partial:   # the group's last frame: its id may be used again
+                del client.split_groups[group_id]
+        group = GroupState(client, rid, descs, partial, split=split)
+        if split is not None and not partial:
+            split.final = group
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
@@ -885,7 +898,10 @@ class Core:
             for step in queued_sends:
                 if group.results[step.index] == -1 and step.payload is None:
                     d = step.desc
-                    self._waiting.pop(step, None)
+                    # It stays in _waiting: a parked Send that is never received times out.
+                    if group.split is not None:
+                        group.split.parked.add(step)
+                        step.parked_in = group.split
                     if step.error is not None:   # parked as a placeholder: the Recv fails with it
                         step.payload = _NO_PAYLOAD
                         self._op_done(group, step.index, P.NCCL_INVALID_ARGUMENT,
@@ -905,8 +921,30 @@ class Core:
         if group.remaining == 0:
             self._finish_group(group)
 
+    def _parked_resolved(self, step: Step, result: int, message: Optional[str]) -> None:
+        """A parked Send matched (result 0) or failed: its group's final frame may be answered."""
+        split = step.parked_in
+        if split is None:
+            return
+        step.parked_in = None
+        split.parked.discard(step)
+        if result and split.failure is None:
+            split.failure = (result, message)
+        final = split.final
+        if final is not None and not split.parked and final.remaining == 0:
+            self._finish_group(final)
+
     def _finish_group(self, group: GroupState) -> None:
         client = group.client
+        split = group.split
+        if split is not None and split.final is group:
+            if split.parked and not client.closed:
+                return   # answered by _parked_resolved once the parked Sends are decided
+            if split.failure is not None:
+                # A Send parked from an earlier frame of this group failed: the group fails.
+                code, message = split.failure
+                group.results = [code if r == 0 else r for r in group.results]
+                group.messages.append(message)
         client.groups.pop(group.request_id, None)
         if client.closed:
             return
@@ -1178,8 +1216,7 @@ class Core:
         mine, theirs = (q.sends, q.recvs) if sending else (q.recvs, q.sends)
         other = theirs.pop(skey, None)
         if other is not None:
-            if other.payload is None:
-                self._waiting.pop(other, None)
+            self._waiting.pop(other, None)
             if sending:
                 self._match_p2p(comm, key, q, step, other)
             else:
@@ -1223,6 +1260,7 @@ class Core:
                 s = table.pop(skey)
                 self._waiting.pop(s, None)
                 self._answer_failed_step(q.failed, seq, failed, s, 2)
+                self._parked_resolved(s, failed.code_for(s.member.rank), msg)
         if len(failed.done) < 2:
             if len(q.failed) >= _MAX_FAILED_CALLS:
                 del q.failed[next(iter(q.failed))]
@@ -1245,6 +1283,7 @@ class Core:
                      for s in (send, recv)}
             if send.payload is None:
                 self._op_done(send.group, send.index, codes[send.member.rank], msg)
+            self._parked_resolved(send, codes[send.member.rank], msg)
             self._op_done(recv.group, recv.index, codes[recv.member.rank], msg)
             self._fail_p2p_call(q, sd[D_MATCH_SEQ], [send, recv], P.NCCL_INVALID_USAGE, msg, codes)
             return
@@ -1261,6 +1300,7 @@ class Core:
                    "in proxy mode and the other does not; every rank must use the same FAKEGPU_DIST_MODE")
             if send.payload is None:
                 self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
+            self._parked_resolved(send, P.NCCL_INVALID_USAGE, msg)
             self._op_done(recv.group, recv.index, P.NCCL_INVALID_USAGE, msg)
             self._fail_p2p_call(q, sd[D_MATCH_SEQ], [send, recv], P.NCCL_INVALID_USAGE, msg)
             return
@@ -1275,6 +1315,7 @@ class Core:
             self._record_p2p(comm, key, q, send, recv, t0, self.clock())
         if send.payload is None:
             self._op_done(send.group, send.index, 0, None)
+        self._parked_resolved(send, 0, None)
         self._op_done(recv.group, recv.index, 0, None)
 
     # ------------------------------------------------------------------ timeouts
@@ -1311,6 +1352,7 @@ class Core:
                f"{'Recv' if sending else 'Send'} within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
         log.warning("timeout: %s", msg)
         self._op_done(step.group, step.index, P.NCCL_TIMEOUT, msg)
+        self._parked_resolved(step, P.NCCL_TIMEOUT, msg)
         if q is not None:
             self._fail_p2p_call(q, d[D_MATCH_SEQ], [step], P.NCCL_TIMEOUT, msg, missing=[peer])
         else:

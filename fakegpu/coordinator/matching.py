@@ -20,9 +20,11 @@ _ROOTED = P.ROOTED_KINDS
 class GroupState:
     """One GROUP (or ACCOUNT) frame of one client, until every op has completed or failed.
     ``accounted``: an ACCOUNT frame (proxy mode) -- matched and recorded, no data moves."""
-    __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial", "accounted")
+    __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial", "accounted",
+                 "split")
 
-    def __init__(self, client, request_id: int, descs: list, partial: bool, accounted: bool = False):
+    def __init__(self, client, request_id: int, descs: list, partial: bool, accounted: bool = False,
+                 split: "Optional[SplitGroup]" = None):
         self.client = client
         self.request_id = request_id
         self.descs = descs
@@ -31,11 +33,26 @@ class GroupState:
         self.remaining = len(descs)
         self.partial = partial
         self.accounted = accounted
+        self.split = split   # the group this frame is one of, when the group spans several frames
+
+
+class SplitGroup:
+    """A group a client sent in several GROUP frames (one group id in their flags). Sends
+    parked from its partial frames were answered early; its final frame is answered only once
+    each of them matched or failed, and fails with them, so a Send whose Recv disagrees (or
+    never comes) fails on the sender too."""
+    __slots__ = ("parked", "failure", "final")
+
+    def __init__(self):
+        self.parked: set = set()    # parked Send steps not yet matched
+        self.failure = None         # (result, message) of the first parked Send that failed
+        self.final = None           # the final frame's GroupState, once it came
 
 
 class Step:
     """One op of a GROUP frame, as it waits to be matched."""
-    __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload", "sig")
+    __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload", "sig",
+                 "parked_in")
 
     def __init__(self, group: GroupState, index: int, desc: tuple, member, arrived_at: float):
         self.group = group
@@ -47,6 +64,7 @@ class Step:
         self.deadline = 0.0
         self.payload = None                # a Send's copied input, once its group went on
         self.sig = None                    # signature(desc), for collectives
+        self.parked_in = None              # the SplitGroup of a parked Send
 
 
 class Slot:

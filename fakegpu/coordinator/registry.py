@@ -17,7 +17,7 @@ from fakegpu.coordinator.records import ClientRecord, CommRecord
 
 class Client:
     __slots__ = ("id", "hello", "transport", "shm", "staging", "S", "inp", "outp", "global_ranks",
-                 "members", "groups", "record", "closed", "inp_mv", "close_reason")
+                 "members", "groups", "record", "closed", "inp_mv", "close_reason", "split_groups")
 
     def __init__(self, client_id: int, hello, transport: str, staging: np.ndarray, S: int, shm: bool):
         self.id = client_id
@@ -32,6 +32,7 @@ class Client:
         self.global_ranks: Optional[list] = [hello.global_rank] if hello.global_rank >= 0 else None
         self.members: list = []
         self.groups: dict = {}   # request_id -> GroupState in flight
+        self.split_groups: dict = {}   # group id -> SplitGroup whose final frame has not come yet
         self.closed = False
         self.close_reason: Optional[str] = None   # why the coordinator itself closed it (faults)
         self.record = ClientRecord(client_id=client_id, pid=hello.pid, hostname=hello.hostname,

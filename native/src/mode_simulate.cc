@@ -2,6 +2,7 @@
 // steps are packed into GROUP frames that fit the staging regions, and each frame is one
 // request/response on the process's connection.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -225,6 +226,9 @@ class SimulateMode : public DistMode {
       out_total += align_up(st.out_len);
     }
     bool split = in_total > S || out_total > S || steps.size() > kMaxOpsPerFrame;
+    // The frames of a split group share an id, so that the coordinator can fail the group when
+    // a Send it parked from an early frame fails after that frame was answered.
+    const uint32_t group_id = split ? next_group_id() : 0;
     if (split)
       std::stable_partition(steps.begin(), steps.end(),
                             [&](const Step& st) { return calls[st.call].kind == proto::kSend; });
@@ -257,7 +261,8 @@ class SimulateMode : public DistMode {
         if (steps[k].in_len) steps[k].in_offset += win.in_base;
         if (steps[k].out_len) steps[k].out_offset += win.out_base;
       }
-      ncclResult_t frc = run_frame(client, calls, &steps[begin], i - begin, partial, &first_error, &first_msg);
+      ncclResult_t frc =
+          run_frame(client, calls, &steps[begin], i - begin, partial, group_id, &first_error, &first_msg);
       client->release_staging(win);
       if (frc != ncclSuccess) {  // the connection is gone: nothing further can run
         mark_async(calls, frc);
@@ -366,6 +371,12 @@ class SimulateMode : public DistMode {
   }
 
  private:
+  // 1..65535, then again from 1: ids are reused only long after their group ended.
+  static uint32_t next_group_id() {
+    static std::atomic<uint32_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed) % 0xFFFFu + 1;
+  }
+
   static void mark_async(const std::vector<CollCall>& calls, ncclResult_t r) {
     for (const CollCall& c : calls) c.comm->async_error.store(r);
   }
@@ -373,11 +384,12 @@ class SimulateMode : public DistMode {
   // Sends one GROUP frame of steps[0..n) and applies its GROUP_DONE. Returns non-success
   // only when the connection failed; per-op failures land in *first_error.
   ncclResult_t run_frame(Client* client, const std::vector<CollCall>& calls, Step* steps, size_t n, bool partial,
-                         ncclResult_t* first_error, std::string* first_msg) {
+                         uint32_t group_id, ncclResult_t* first_error, std::string* first_msg) {
     thread_local std::vector<uint8_t> head;
     thread_local std::vector<iovec> iov;
     head.resize(8 + n * proto::kOpDescSize);
-    uint32_t n_ops = static_cast<uint32_t>(n), flags = partial ? proto::kGroupPartial : 0;
+    uint32_t n_ops = static_cast<uint32_t>(n),
+             flags = (partial ? proto::kGroupPartial : 0) | (group_id << proto::kGroupIdShift);
     memcpy(head.data(), &n_ops, 4);
     memcpy(head.data() + 4, &flags, 4);
     for (size_t k = 0; k < n; k++) encode_step_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
