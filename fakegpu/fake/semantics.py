@@ -91,7 +91,9 @@ def _closed_form(x, n, code, scale, dt: Optional[DType], out):
         elif code == P.REDOP_AVG:
             acc = (acc * acc_t(n)) / acc_t(n)
         elif code == P.REDOP_PROD:
-            acc = np.power(acc, n)
+            # Narrow powers in float64, rounded once: numpy's float32 power and C's powf disagree
+            # in the last bits, the rounded float64 power does not (fake_numerics.cc does the same).
+            acc = np.power(acc.astype(np.float64), n).astype(acc_t) if acc.dtype.itemsize < 8 else np.power(acc, n)
         if dt is not None and dt.saturate is not None:
             acc = np.clip(acc, -dt.saturate, dt.saturate)
         np.copyto(out, acc, casting="unsafe")

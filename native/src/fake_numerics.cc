@@ -115,6 +115,17 @@ enum { kSum = 0, kProd = 1, kMax = 2, kMin = 3, kAvg = 4, kPreMulSum = 5 };
 
 // Floating types: Acc is the accumulator (float32, or float64 for float64). `satmax` > 0
 // clips the result (float8).
+// x^n for the closed form of a product of n equal values. A float32 power is computed in
+// float64 and rounded once: powf and numpy's float32 power disagree in the last bits, while the
+// float64 power rounded to float32 is the same in both (semantics._closed_form does the same).
+template <class Acc>
+Acc closed_form_power(Acc x, int n) {
+  if constexpr (sizeof(Acc) < sizeof(double))
+    return static_cast<Acc>(std::pow(static_cast<double>(x), static_cast<double>(n)));
+  else
+    return std::pow(x, static_cast<Acc>(n));
+}
+
 template <class Codec, class Acc>
 void reduce_float(int redop, const void* in_v, void* out_v, uint64_t count, int n, const void* scalar, Acc satmax) {
   using T = typename Codec::T;
@@ -144,7 +155,7 @@ void reduce_float(int redop, const void* in_v, void* out_v, uint64_t count, int 
       if (redop == kPreMulSum) a = a * s;
       if (redop == kSum || redop == kPreMulSum) a = a * an;
       else if (redop == kAvg) a = (a * an) / an;
-      else if (redop == kProd) a = std::pow(a, an);
+      else if (redop == kProd) a = closed_form_power(a, n);
     }
     if (satmax > 0) {
       if (a > satmax) a = satmax;
