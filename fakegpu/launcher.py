@@ -454,6 +454,12 @@ def rank_environment(cfg: LaunchConfig, endpoint: Optional[Endpoint], token_file
     if token_file is not None:
         env.pop("FAKEGPU_COORDINATOR_TOKEN", None)
     env.update(fakegpu_variables(cfg, endpoint, token_file))
+    # Fake CUDA devices for the ranks' torch (simulate mode only; a torch with a usable GPU
+    # ignores it). FAKEGPU_FAKE_CUDA=0 in the caller's environment turns them off.
+    if cfg.mode == "simulate":
+        env.setdefault("FAKEGPU_FAKE_CUDA", "1")
+    else:
+        env["FAKEGPU_FAKE_CUDA"] = "0"
     shim = shim or fakegpu.nccl_library_path()
     env["FAKEGPU_NCCL_LIBRARY"] = shim
     preload = [p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p and p != shim]
