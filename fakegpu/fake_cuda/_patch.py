@@ -222,6 +222,24 @@ def _excepthook_for_unsupported() -> None:
     sys.excepthook = hook
 
 
+def _patch_generator() -> None:
+    """``torch.Generator(device="cuda")``: the CPU algorithm, as the port would draw."""
+    base = torch.Generator
+
+    class Generator(base):
+        def __new__(cls, device="cpu"):
+            if rt.cuda_index_of(device) is not None or (type(device) is int):
+                device = "cpu"
+            return super().__new__(cls, device)
+
+        def __init__(self, device="cpu"):
+            pass
+
+    Generator.__name__ = Generator.__qualname__ = "Generator"
+    Generator.__module__ = "torch"
+    torch.Generator = Generator
+
+
 _modes: list = []
 
 
@@ -251,6 +269,7 @@ def install() -> None:
     torch._C._accelerator_getAccelerator = lambda: cuda
 
     _patch_load()
+    _patch_generator()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -55,6 +55,15 @@ def install() -> None:
 
     c10d._new_process_group_helper = new_process_group_helper
 
+    original_timeout = c10d._get_default_timeout
+
+    @functools.wraps(original_timeout)
+    def get_default_timeout(backend):
+        # NCCL's default timeout, without torch's warning that NCCL is not compiled in.
+        return original_timeout(BACKEND_NAME if _names_nccl(backend) else backend)
+
+    c10d._get_default_timeout = get_default_timeout
+
     original_get_backend = FakeGpuProcessGroup._get_backend
 
     def _get_backend(self, device):
