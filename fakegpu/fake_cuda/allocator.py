@@ -57,17 +57,19 @@ def pool_of(rounded: int) -> str:
     return "small_pool" if rounded <= SMALL_SIZE else "large_pool"
 
 
-@dataclasses.dataclass(eq=False)
 class Block:
-    segment: "Segment"
-    offset: int
-    size: int
-    requested: int = 0
-    allocated: bool = False
+    """A piece of a segment; neighbours are linked, as in the real allocator, so that a free
+    merges in constant time."""
+    __slots__ = ("segment", "address", "size", "requested", "allocated", "prev", "next")
 
-    @property
-    def address(self) -> int:
-        return self.segment.address + self.offset
+    def __init__(self, segment: "Segment", address: int, size: int):
+        self.segment = segment
+        self.address = address
+        self.size = size
+        self.requested = 0
+        self.allocated = False
+        self.prev: Optional[Block] = None
+        self.next: Optional[Block] = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,10 +77,19 @@ class Segment:
     address: int
     size: int
     pool: str
-    blocks: list = dataclasses.field(default_factory=list)   # in address order
+    head: Optional[Block] = None
+
+    @property
+    def blocks(self) -> list:
+        """The blocks in address order."""
+        out, block = [], self.head
+        while block is not None:
+            out.append(block)
+            block = block.next
+        return out
 
     def wholly_free(self) -> bool:
-        return len(self.blocks) == 1 and not self.blocks[0].allocated
+        return self.head.next is None and not self.head.allocated
 
 
 class _Stat:
@@ -135,8 +146,9 @@ class CachingAllocatorModel:
         self._addresses = itertools.count(1)
         self._next_address = 0x7F0000000000 + device * (1 << 40)
         self.segments: list[Segment] = []
-        # Free blocks per pool, kept sorted by (size, address) for best fit.
-        self._free: dict[str, list[tuple[int, int, Block]]] = {p: [] for p in _POOLS}
+        # Free blocks per pool: (size, address) sorted for best fit, address -> block.
+        self._free: dict[str, list[tuple[int, int]]] = {p: [] for p in _POOLS}
+        self._free_blocks: dict[int, Block] = {}
         self.stats = {name: _StatSet() for name in _STAT_NAMES}
         self.num_alloc_retries = 0
         self.num_ooms = 0
@@ -145,14 +157,14 @@ class CachingAllocatorModel:
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _insert_free(self, block: Block) -> None:
-        bisect.insort(self._free[block.segment.pool], (block.size, block.address, block),
-                      key=lambda item: (item[0], item[1]))
+        bisect.insort(self._free[block.segment.pool], (block.size, block.address))
+        self._free_blocks[block.address] = block
 
     def _remove_free(self, block: Block) -> None:
         entries = self._free[block.segment.pool]
-        i = bisect.bisect_left(entries, (block.size, block.address), key=lambda item: (item[0], item[1]))
-        assert entries[i][2] is block
+        i = bisect.bisect_left(entries, (block.size, block.address))
         del entries[i]
+        del self._free_blocks[block.address]
 
     @property
     def reserved(self) -> int:
@@ -171,9 +183,11 @@ class CachingAllocatorModel:
             block = self._new_segment(pool, size, nbytes)
         split_remaining = block.size - size
         if self._should_split(pool, split_remaining):
-            rest = Block(block.segment, block.offset + size, split_remaining)
-            blocks = block.segment.blocks
-            blocks.insert(blocks.index(block) + 1, rest)
+            rest = Block(block.segment, block.address + size, split_remaining)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
             block.size = size
             self._insert_free(rest)
             self.stats["inactive_split"].add(pool, 1)
@@ -194,12 +208,12 @@ class CachingAllocatorModel:
 
     def _best_fit(self, pool: str, size: int) -> Optional[Block]:
         entries = self._free[pool]
-        i = bisect.bisect_left(entries, (size, 0), key=lambda item: (item[0], item[1]))
+        i = bisect.bisect_left(entries, (size, 0))
         if i == len(entries):
             return None
-        block = entries[i][2]
+        block = self._free_blocks.pop(entries[i][1])
         del entries[i]
-        if len(block.segment.blocks) > 1:  # it was the free remainder of a split segment
+        if block.prev is not None or block.next is not None:  # a free piece of a split segment
             self.stats["inactive_split"].sub(pool, 1)
             self.stats["inactive_split_bytes"].sub(pool, block.size)
         return block
@@ -220,8 +234,8 @@ class CachingAllocatorModel:
                     "(fakegpu fake device: host memory, the CUDA caching allocator's figures)")
         segment = Segment(self._next_address, seg_size, pool)
         self._next_address += seg_size
-        block = Block(segment, 0, seg_size)
-        segment.blocks.append(block)
+        block = Block(segment, segment.address, seg_size)
+        segment.head = block
         self.segments.append(segment)
         self.num_device_alloc += 1
         self.stats["segment"].add(pool, 1)
@@ -238,21 +252,26 @@ class CachingAllocatorModel:
             self.stats[name].sub(pool, amount)
         block.allocated = False
         block.requested = 0
-        blocks = block.segment.blocks
-        i = blocks.index(block)
         # Merge with free neighbours (each of them was an inactive split).
-        for j in (i + 1, i - 1):
-            if 0 <= j < len(blocks) and not blocks[j].allocated:
-                other = blocks[j]
-                self._remove_free(other)
-                self.stats["inactive_split"].sub(pool, 1)
-                self.stats["inactive_split_bytes"].sub(pool, other.size)
-                if j < i:
-                    block.offset = other.offset
-                    i -= 1
-                block.size += other.size
-                blocks.remove(other)
-        if len(blocks) > 1:
+        for other in (block.next, block.prev):
+            if other is None or other.allocated:
+                continue
+            self._remove_free(other)
+            self.stats["inactive_split"].sub(pool, 1)
+            self.stats["inactive_split_bytes"].sub(pool, other.size)
+            if other is block.prev:
+                block.address = other.address
+                block.prev = other.prev
+                if other.prev is not None:
+                    other.prev.next = block
+                else:
+                    block.segment.head = block
+            else:
+                block.next = other.next
+                if other.next is not None:
+                    other.next.prev = block
+            block.size += other.size
+        if block.prev is not None or block.next is not None:
             self.stats["inactive_split"].add(pool, 1)
             self.stats["inactive_split_bytes"].add(pool, block.size)
         self._insert_free(block)
@@ -262,7 +281,7 @@ class CachingAllocatorModel:
         kept = []
         for segment in self.segments:
             if segment.wholly_free():
-                self._remove_free(segment.blocks[0])
+                self._remove_free(segment.head)
                 self.stats["segment"].sub(segment.pool, 1)
                 self.stats["reserved_bytes"].sub(segment.pool, segment.size)
                 self.num_device_free += 1

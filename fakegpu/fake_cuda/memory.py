@@ -29,7 +29,8 @@ class DeviceMemory:
 
     def __init__(self, totals: list[int]):
         self.models = [CachingAllocatorModel(i, total) for i, total in enumerate(totals)]
-        self._blocks: dict[int, tuple[int, object]] = {}   # id(storage) -> (device, block)
+        # id(storage) -> (device, block, weakref that releases the block when the storage dies)
+        self._blocks: dict[int, tuple] = {}
         self._lock = threading.Lock()
 
     def device_of_storage(self, storage) -> Optional[int]:
@@ -49,8 +50,7 @@ class DeviceMemory:
                 block = self.models[device].malloc(nbytes)
             except OutOfMemory as exc:
                 raise torch.OutOfMemoryError(str(exc)) from None
-            self._blocks[key] = (device, block)
-        weakref.finalize(storage, self._release, key)
+            self._blocks[key] = (device, block, weakref.ref(storage, lambda _ref, key=key: self._release(key)))
 
     def charge_tensor(self, tensor, device: int) -> None:
         """A tensor moved to ``device`` by ``.cuda()`` / ``.to()``: its storage is there now."""
@@ -62,7 +62,7 @@ class DeviceMemory:
     def _release(self, key: int) -> None:
         with self._lock:
             entry = self._blocks.pop(key, None)
-            if entry is not None:
+            if entry is not None and entry[1] is not _EMPTY:
                 self.models[entry[0]].free(entry[1])
 
     def resized(self, storage, new_nbytes: int) -> None:
@@ -72,24 +72,25 @@ class DeviceMemory:
             entry = self._blocks.get(key)
             if entry is None:
                 return
-            device, block = entry
-            self.models[device].free(block)
+            device, block, ref = entry
+            if block is not _EMPTY:
+                self.models[device].free(block)
             if new_nbytes:
                 try:
-                    self._blocks[key] = (device, self.models[device].malloc(new_nbytes))
+                    self._blocks[key] = (device, self.models[device].malloc(new_nbytes), ref)
                 except OutOfMemory as exc:
                     del self._blocks[key]
                     raise torch.OutOfMemoryError(str(exc)) from None
             else:
                 # An empty storage holds no block; keep the key so a later resize re-grows it.
-                self._blocks[key] = (device, _EMPTY)
+                self._blocks[key] = (device, _EMPTY, ref)
 
 
 class _EmptyBlock:
     allocated = False
 
 
-_EMPTY = _EmptyBlock()
+_EMPTY = _EmptyBlock()  # the block of a storage resized to 0 bytes
 
 
 @contextmanager
@@ -107,7 +108,19 @@ def current_target() -> Optional[int]:
     return getattr(_tls, "target", None)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _storages(value, out: list) -> None:
+    kind = type(value)
+    if kind in _PLAIN:
+        if value.layout is torch.strided and not value.is_meta:
+            out.append(value.untyped_storage())
+        return
+    if kind is tuple or kind is list:
+        for item in value:
+            _storages(item, out)
+        return
     if isinstance(value, torch.Tensor):
         if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
             if value.layout is torch.strided and not value.is_meta:
