@@ -294,3 +294,11 @@ def test_unmodified_ddp_gpu_script_on_four_ranks(tmp_path, shim_library):
     fake = _run_program(tmp_path, "ddp_gpu.py", 4, shim_library, under_fgpu=True)
     port = _run_program(tmp_path, "ddp_cpu.py", 4, shim_library, under_fgpu=False)
     _compare(fake, port, exact=False)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_tensor_parallel_on_a_cuda_mesh_matches_its_cpu_port_bit_for_bit(tmp_path, shim_library):
+    fake = _run_program(tmp_path, "tp_gpu.py", 2, shim_library, under_fgpu=True)
+    port = _run_program(tmp_path, "tp_cpu.py", 2, shim_library, under_fgpu=False)
+    _compare(fake, port, exact=True)

@@ -270,6 +270,8 @@ def install() -> None:
 
     _patch_load()
     _patch_generator()
+    rt.patch_tensor_methods()
+    rt.patch_sdpa()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -136,6 +136,15 @@ def _storages(value, out: list) -> None:
             _storages(item, out)
 
 
+_CPU = torch.device("cpu")
+
+
+def _current_device() -> int:
+    from . import runtime
+
+    return runtime.state().current
+
+
 class UnsupportedOnFakeCuda(RuntimeError):
     """An operation torch (or an extension) implements only for real GPUs."""
 
@@ -156,6 +165,14 @@ class TrackingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        target = None
+        device = kwargs.get("device")
+        if device is not None and device.type == "cuda":
+            # A cuda device that reached aten without passing the Python API's rewrite (code
+            # running under DisableTorchFunction, C++ callers): the CPU all the same.
+            target = device.index if device.index is not None else _current_device()
+            kwargs = dict(kwargs)
+            kwargs["device"] = _CPU
         try:
             out = func(*args, **kwargs)
         except NotImplementedError as exc:
@@ -163,7 +180,7 @@ class TrackingMode(TorchDispatchMode):
             if "with arguments from the 'CPU' backend" in text or "with arguments from the 'CPU'" in text:
                 raise UnsupportedOnFakeCuda(unsupported_message(func.name())) from None
             raise
-        device = current_target()
+        device = current_target() if target is None else target
         if device is None:
             inputs: list = []
             _storages(args, inputs)

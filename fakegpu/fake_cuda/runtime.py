@@ -444,11 +444,6 @@ def _record_memory_history(*args, **kwargs) -> None:  # noqa: ARG001 - no frames
 # The device rewrite mode
 
 
-_TENSOR_TO = {torch.Tensor.to}
-_NO_COPY = {torch.Tensor.pin_memory}
-_NOOPS = {torch.Tensor.record_stream}
-
-
 def _cuda_target(value) -> Optional[int]:
     if isinstance(value, (torch.device, str)):
         return cuda_index_of(value)
@@ -456,10 +451,18 @@ def _cuda_target(value) -> Optional[int]:
 
 
 class DeviceRewriteMode(TorchFunctionMode):
-    """Rewrites cuda devices to the CPU at the Python API, as a port to the CPU would."""
+    """Rewrites ``device="cuda[:k]"`` arguments to the CPU at the Python API, as a port to the
+    CPU would, and charges what the call creates to fake device k.
+
+    Tensor methods that move tensors (``to``, ``cuda``, ``pin_memory``, ``record_stream``)
+    are patched on ``torch.Tensor`` instead (:func:`patch_tensor_methods`): autograd runs
+    backward functions without the torch-function mode stack, and they must work there too.
+    """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.device and len(args) == 1 and type(args[0]) is int and not kwargs:
+            return torch.device("cuda", _index(args[0]))   # torch.device(k): the accelerator's
         target = None
         if "device" in kwargs:
             target = _cuda_target(kwargs["device"])
@@ -469,32 +472,64 @@ class DeviceRewriteMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             kwargs = dict(kwargs)
             kwargs["pin_memory"] = False
-        if func is torch.Tensor.cuda:
-            tensor = args[0]
-            device = args[1] if len(args) > 1 else kwargs.get("device")
-            index = _index(device) if not isinstance(device, torch.device) or device.type == "cuda" else _index(None)
-            state().memory.charge_tensor(tensor, index)
-            return tensor
-        if func in _TENSOR_TO:
-            if args[1:] and (isinstance(args[1], (torch.device, str)) or type(args[1]) is int):
-                first = args[1]
-                index = _index(first) if type(first) is int else _cuda_target(first)
-                if index is not None:
-                    args = (args[0], CPU, *args[2:])
-                    target = index
-        elif func in _NO_COPY:
-            return args[0]
-        elif func in _NOOPS:
-            return None
-        elif func is torch.nn.functional.scaled_dot_product_attention:
-            return _sdpa_with_fallback(func, args, kwargs)
         if target is None:
             return func(*args, **kwargs)
         with placing_on(target):
-            out = func(*args, **kwargs)
-        if func in _TENSOR_TO and isinstance(out, torch.Tensor):
-            state().memory.charge_tensor(out, target)
+            return func(*args, **kwargs)
+
+
+def patch_tensor_methods() -> None:
+    """``Tensor.to("cuda")`` / ``.cuda()`` / ``.pin_memory()`` return the tensor itself (the
+    CPU port's no-op) and charge it to the fake device; ``record_stream`` does nothing."""
+    original_to = torch.Tensor.to
+
+    @functools.wraps(original_to)
+    def to(self, *args, **kwargs):
+        target = None
+        if args and (isinstance(args[0], (torch.device, str)) or type(args[0]) is int):
+            target = _index(args[0]) if type(args[0]) is int else _cuda_target(args[0])
+            if target is not None:
+                args = (CPU, *args[1:])
+        elif "device" in kwargs:
+            target = _cuda_target(kwargs["device"])
+            if target is not None:
+                kwargs = dict(kwargs, device=CPU)
+        if target is None:
+            return original_to(self, *args, **kwargs)
+        with placing_on(target):
+            out = original_to(self, *args, **kwargs)
+        state().memory.charge_tensor(out, target)
         return out
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):  # noqa: ARG001
+        index = _index(device)
+        state().memory.charge_tensor(self, index)
+        return self
+
+    def pin_memory(self, device=None):  # noqa: ARG001
+        return self
+
+    def is_pinned(self, device=None):  # noqa: ARG001
+        return False
+
+    def record_stream(self, stream):  # noqa: ARG001
+        return None
+
+    torch.Tensor.to = to
+    torch.Tensor.cuda = cuda
+    torch.Tensor.pin_memory = pin_memory
+    torch.Tensor.is_pinned = is_pinned
+    torch.Tensor.record_stream = record_stream
+
+
+def patch_sdpa() -> None:
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def scaled_dot_product_attention(*args, **kwargs):
+        return _sdpa_with_fallback(original, args, kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
 
 
 def _sdpa_with_fallback(func, args, kwargs):
