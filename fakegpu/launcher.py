@@ -986,15 +986,34 @@ def launch(cfg: LaunchConfig, command: Sequence[str]) -> int:
         log(f"the coordinator at {prepared.endpoint.address} writes its reports when it is stopped "
             f"(python -m fakegpu coordinator --shutdown {prepared.endpoint.address} ...)")
     elif not (prepared.coordinator and cfg.keep_coordinator):
-        _print_reports(cfg)
+        _print_reports(cfg, status)
     return status
 
 
-def _print_reports(cfg: LaunchConfig) -> None:
+def _no_rank_reached_nccl(report: Path) -> bool:
+    """True when the report shows no communicator at all: its figures describe nothing."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("communicators"):
+        return False
+    return not any(isinstance(r, dict) and (r.get("connected") or r.get("comm_inits"))
+                   for r in data.get("ranks") or [])
+
+
+def _print_reports(cfg: LaunchConfig, status: int = 0) -> None:
     written = [(label, path) for label, path in report_files(cfg) if path.exists()]
     if not written:
         if cfg.needs_coordinator:
             log(f"no report was written at {cfg.report}")
+        return
+    if cfg.report.exists() and _no_rank_reached_nccl(cfg.report):
+        # A summary here would read "world size 1" for a job whose ranks never got that far.
+        where = ("the ranks' errors are in the command's output above"
+                 if status else "the command made no NCCL call")
+        log(f"no rank reached NCCL (no communicator was created; the command exited with status "
+            f"{status}); {where}. Empty report: {cfg.report}")
         return
     for label, path in written:
         log(f"{label}: {path}")

@@ -302,3 +302,15 @@ def test_tensor_parallel_on_a_cuda_mesh_matches_its_cpu_port_bit_for_bit(tmp_pat
     fake = _run_program(tmp_path, "tp_gpu.py", 2, shim_library, under_fgpu=True)
     port = _run_program(tmp_path, "tp_cpu.py", 2, shim_library, under_fgpu=False)
     _compare(fake, port, exact=True)
+
+
+def test_fgpu_says_no_rank_reached_nccl_instead_of_a_world_size_1_summary(tmp_path, shim_library):
+    from helpers.torchrun import fgpu_env
+
+    done = subprocess.run([sys.executable, "-m", "fakegpu", "run", "--", sys.executable, "-c",
+                           "import sys; print('rank failed', file=sys.stderr); sys.exit(3)"],
+                          cwd=tmp_path, env=fgpu_env(shim_library), capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    assert "fgpu: no rank reached NCCL" in done.stderr and "status 3" in done.stderr
+    assert "world size" not in done.stderr
