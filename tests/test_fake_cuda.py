@@ -314,3 +314,21 @@ def test_fgpu_says_no_rank_reached_nccl_instead_of_a_world_size_1_summary(tmp_pa
     assert done.returncode == 3
     assert "fgpu: no rank reached NCCL" in done.stderr and "status 3" in done.stderr
     assert "world size" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_accelerator_only_fsdp2_script_on_four_ranks(tmp_path, shim_library):
+    fake = _run_program(tmp_path, "accel_fsdp2_gpu.py", 4, shim_library, under_fgpu=True)
+    port = _run_program(tmp_path, "accel_fsdp2_cpu.py", 4, shim_library, under_fgpu=False)
+    _compare(fake, port, exact=False)
+    assert [f["device_count"] for f in fake] == [4] * 4
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_fsdp1_gpu_script_matches_its_cpu_port_bit_for_bit(tmp_path, shim_library):
+    fake = _run_program(tmp_path, "fsdp1_gpu.py", 2, shim_library, under_fgpu=True)
+    port = _run_program(tmp_path, "fsdp1_cpu.py", 2, shim_library, under_fgpu=False)
+    _compare(fake, port, exact=True)

@@ -75,6 +75,26 @@ def install() -> None:
     _patch_ddp()
     _patch_dtensor_rng()
     _patch_fsdp2_device()
+    _patch_fsdp1_device()
+
+
+def _patch_fsdp1_device() -> None:
+    """FSDP1 (``FullyShardedDataParallel``): a cuda ``device_id`` (or none, with parameters
+    on fake devices) becomes ``device_id=torch.device("cpu")``, how the CPU port spells it."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except ImportError:
+        return
+    original_init = FSDP.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, module, *args, device_id=None, **kwargs):
+        if device_id is None or type(device_id) is int or \
+                torch.device(device_id).type == "cuda":
+            device_id = torch.device("cpu")
+        original_init(self, module, *args, device_id=device_id, **kwargs)
+
+    FSDP.__init__ = __init__
 
 
 def _replace_everywhere(original, replacement, package: str) -> None:
