@@ -332,3 +332,12 @@ def test_fsdp1_gpu_script_matches_its_cpu_port_bit_for_bit(tmp_path, shim_librar
     fake = _run_program(tmp_path, "fsdp1_gpu.py", 2, shim_library, under_fgpu=True)
     port = _run_program(tmp_path, "fsdp1_cpu.py", 2, shim_library, under_fgpu=False)
     _compare(fake, port, exact=True)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_pipeline_gpu_script_matches_its_cpu_port_bit_for_bit(tmp_path, shim_library):
+    fake = _run_program(tmp_path, "pp_gpu.py", 2, shim_library, under_fgpu=True)
+    port = _run_program(tmp_path, "pp_cpu.py", 2, shim_library, under_fgpu=False)
+    _compare(fake, port, exact=True)
+    assert fake[1]["losses"] and fake[1]["losses"] == port[1]["losses"]
