@@ -341,3 +341,13 @@ def test_pipeline_gpu_script_matches_its_cpu_port_bit_for_bit(tmp_path, shim_lib
     port = _run_program(tmp_path, "pp_cpu.py", 2, shim_library, under_fgpu=False)
     _compare(fake, port, exact=True)
     assert fake[1]["losses"] and fake[1]["losses"] == port[1]["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_fsdp2_x_tp_with_dcp_checkpoint_matches_its_cpu_port(tmp_path, shim_library):
+    # Every reduction group of the 2 x 2 mesh has two ranks: bit for bit.
+    fake = _run_program(tmp_path, "fsdp_tp_dcp_gpu.py", 4, shim_library, under_fgpu=True)
+    port = _run_program(tmp_path, "fsdp_tp_dcp_cpu.py", 4, shim_library, under_fgpu=False)
+    _compare(fake, port, exact=True)
