@@ -116,17 +116,24 @@ class _Stat:
 
 class _StatSet:
     """One stat per pool plus the aggregate, as the allocator's ``StatArray``."""
+    __slots__ = ("by_pool", "_all")
 
     def __init__(self):
         self.by_pool = {"all": _Stat(), "small_pool": _Stat(), "large_pool": _Stat()}
+        self._all = self.by_pool["all"]
 
     def add(self, pool: str, amount: int) -> None:
-        self.by_pool["all"].add(amount)
-        self.by_pool[pool].add(amount)
+        for stat in (self._all, self.by_pool[pool]):   # inlined _Stat.add: this runs per op
+            current = stat.current + amount
+            stat.current = current
+            stat.allocated += amount
+            if current > stat.peak:
+                stat.peak = current
 
     def sub(self, pool: str, amount: int) -> None:
-        self.by_pool["all"].sub(amount)
-        self.by_pool[pool].sub(amount)
+        for stat in (self._all, self.by_pool[pool]):
+            stat.current -= amount
+            stat.freed += amount
 
 
 class OutOfMemory(Exception):

@@ -181,21 +181,45 @@ class TrackingMode(TorchDispatchMode):
                 raise UnsupportedOnFakeCuda(unsupported_message(func.name())) from None
             raise
         device = current_target() if target is None else target
+        blocks = self.memory._blocks
         if device is None:
-            inputs: list = []
-            _storages(args, inputs)
-            if kwargs:
-                _storages(list(kwargs.values()), inputs)
-            blocks = self.memory._blocks
-            for storage in inputs:
-                entry = blocks.get(id(storage))
-                if entry is not None:
-                    device = entry[0]
-                    break
+            device = _first_device(args, blocks)
+            if device is None and kwargs:
+                device = _first_device(tuple(kwargs.values()), blocks)
             if device is None:
                 return out
+        if type(out) in _PLAIN:
+            if out.layout is torch.strided and not out.is_meta:
+                storage = out.untyped_storage()
+                if id(storage) not in blocks:
+                    self.memory.charge(storage, device)
+            return out
         outputs: list = []
         _storages(out if isinstance(out, (list, tuple)) else [out], outputs)
         for storage in outputs:
-            self.memory.charge(storage, device)
+            if id(storage) not in blocks:
+                self.memory.charge(storage, device)
         return out
+
+
+def _first_device(values, blocks) -> Optional[int]:
+    """Fake device of the first input whose storage is on one (the device an op runs on)."""
+    for value in values:
+        kind = type(value)
+        if kind in _PLAIN:
+            if value.layout is torch.strided and not value.is_meta:
+                entry = blocks.get(id(value.untyped_storage()))
+                if entry is not None:
+                    return entry[0]
+        elif kind is list or kind is tuple:
+            found = _first_device(value, blocks)
+            if found is not None:
+                return found
+        elif isinstance(value, torch.Tensor):
+            inner: list = []
+            _storages(value, inner)
+            for storage in inner:
+                entry = blocks.get(id(storage))
+                if entry is not None:
+                    return entry[0]
+    return None
