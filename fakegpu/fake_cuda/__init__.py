@@ -8,7 +8,6 @@ whose memory is host memory and whose kernels are torch's CPU kernels.  See docs
 from __future__ import annotations
 
 import os
-import sys
 from typing import Mapping, Optional
 
 ENABLE_ENV = "FAKEGPU_FAKE_CUDA"
@@ -69,10 +68,8 @@ def activate(count: Optional[int] = None, environ: Mapping[str, str] = os.enviro
 
     count = device_count_from(environ) if count is None else int(count)
     runtime._state = runtime._State(count, devices.profiles_for_this_process(count, environ))
-    local_rank = environ.get("LOCAL_RANK")
     install()
     _active = True
-    del local_rank
 
 
 __all__ = ["activate", "activate_from_environment", "device_count_from", "is_active", "requested"]

@@ -255,7 +255,6 @@ def install() -> None:
     _set_all(torch.cuda.random, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.random, k)})
     _set_all(torch.cuda.streams, {"Stream": rt.Stream, "ExternalStream": rt.ExternalStream, "Event": rt.Event})
     torch.cuda.default_generators = tuple(torch.default_generator for _ in range(rt.device_count()))
-    torch.cuda.OutOfMemoryError = torch.OutOfMemoryError
     _patch_nvtx()
 
     import torch.accelerator

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 from typing import Optional
 
 MIN_BLOCK_SIZE = 512
@@ -150,7 +149,6 @@ class CachingAllocatorModel:
     def __init__(self, device: int, total_memory: int):
         self.device = device
         self.total_memory = int(total_memory)
-        self._addresses = itertools.count(1)
         self._next_address = 0x7F0000000000 + device * (1 << 40)
         self.segments: list[Segment] = []
         # Free blocks per pool: (size, address) sorted for best fit, address -> block.

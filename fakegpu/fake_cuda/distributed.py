@@ -8,7 +8,8 @@
   group's CPU tensors, fake-cuda or not, through the shim and the coordinator; a
   ``device_id`` is dropped (there is no device to bind an eager NCCL communicator to);
 - DDP drops ``device_ids`` / ``output_device`` for a module whose parameters are on fake
-  devices (torch accepts them only for real accelerator modules);
+  devices (torch accepts them only for real accelerator modules); FSDP2 places the shards of
+  a "cuda" mesh, and FSDP1 its flat parameters, on the CPU, as the port does;
 - DTensor's RNG tracker is off on "cuda" meshes, as it is on the CPU meshes of the port.
 """
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from fakegpu.torch import BACKEND_NAME, FakeGpuProcessGroup, register

@@ -15,8 +15,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import os
-import threading
 import time
 from typing import Any, Optional
 
@@ -24,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import devices as _devices
-from .memory import DeviceMemory, TrackingMode, placing_on
+from .memory import DeviceMemory, placing_on
 
 CPU = torch.device("cpu")
 
@@ -36,7 +34,6 @@ class _State:
         self.current = 0
         self.memory = DeviceMemory([p.total_memory for p in self.properties])
         self.streams: dict[int, "Stream"] = {}
-        self.lock = threading.Lock()
 
 
 _state: Optional[_State] = None
@@ -52,7 +49,7 @@ def state() -> _State:
 # Device indices
 
 
-def _index(device: Any = None, optional: bool = True) -> int:
+def _index(device: Any = None) -> int:
     """Index of a cuda device given as None / int / str / torch.device / torch.cuda.device."""
     st = state()
     if device is None:
@@ -70,11 +67,9 @@ def _index(device: Any = None, optional: bool = True) -> int:
     else:
         index = int(device)
     if index < -1 or index >= st.count:
-        raise torch.AcceleratorError(
-            f"CUDA error: invalid device ordinal (device {index}; fakegpu exposes {st.count} fake "
-            f"device{'s' if st.count != 1 else ''}: set --device-count / FAKEGPU_DEVICE_COUNT)") \
-            if hasattr(torch, "AcceleratorError") else RuntimeError(
-            f"CUDA error: invalid device ordinal (device {index}; {st.count} fake devices)")
+        error = getattr(torch, "AcceleratorError", RuntimeError)
+        raise error(f"CUDA error: invalid device ordinal (device {index}; fakegpu exposes {st.count} "
+                    f"fake device{'s' if st.count != 1 else ''}: see --device-count / FAKEGPU_DEVICE_COUNT)")
     return index if index >= 0 else st.current
 
 
