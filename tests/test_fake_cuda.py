@@ -351,3 +351,23 @@ def test_fsdp2_x_tp_with_dcp_checkpoint_matches_its_cpu_port(tmp_path, shim_libr
     fake = _run_program(tmp_path, "fsdp_tp_dcp_gpu.py", 4, shim_library, under_fgpu=True)
     port = _run_program(tmp_path, "fsdp_tp_dcp_cpu.py", 4, shim_library, under_fgpu=False)
     _compare(fake, port, exact=True)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_nccl_spellings_become_the_fakegpu_backend_and_gloo_groups_stay(tmp_path, shim_library):
+    from helpers.torchrun import fgpu_env, run_fgpu_torchrun
+
+    report = tmp_path / "report.json"
+    run_fgpu_torchrun(tmp_path, fgpu_env(shim_library, FAKEGPU_COORDINATOR_TIMEOUT_MS="60000"),
+                      ["-q", "--report", str(report)],
+                      ["--standalone", "--nproc-per-node", "2", str(PROBES / "mixed_backends.py"),
+                       str(tmp_path)])
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["sum"] == [3.0] * 4 and got["gloo_sum"] == [2.0, 2.0]
+        assert got["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert got["backend"] == "fakegpu" and got["default_for_cuda"] == "fakegpu"
+        assert got["gloo_backend"] == "gloo"
+    data = json.loads(report.read_text())
+    assert data["world_size"] == 2 and data["communicators"]   # the cuda traffic reached the coordinator

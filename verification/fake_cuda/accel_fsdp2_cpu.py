@@ -43,4 +43,5 @@ for step in range(4):
 params = {name: p.full_tensor().cpu() for name, p in model.named_parameters()}
 torch.save({"losses": losses, "params": params, "device_count": 0},
            os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+dist.barrier()
 dist.destroy_process_group()

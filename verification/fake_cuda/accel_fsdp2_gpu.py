@@ -45,4 +45,5 @@ for step in range(4):
 params = {name: p.full_tensor().cpu() for name, p in model.named_parameters()}
 torch.save({"losses": losses, "params": params, "device_count": torch.accelerator.device_count()},
            os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+dist.barrier()
 dist.destroy_process_group()

@@ -38,4 +38,5 @@ torch.save({"losses": losses,
             "params": {k: v.detach() for k, v in model.state_dict().items()},
             "device_count": 0, "current_device": -1, "max_memory_allocated": 0},
            os.path.join(out_dir, f"rank{rank}.pt"))
+dist.barrier()
 dist.destroy_process_group()

@@ -57,4 +57,5 @@ torch.save({"losses": losses,
             "current_device": torch.cuda.current_device(),
             "max_memory_allocated": torch.cuda.max_memory_allocated()},
            os.path.join(out_dir, f"rank{rank}.pt"))
+dist.barrier()
 dist.destroy_process_group()

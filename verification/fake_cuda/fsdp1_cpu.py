@@ -25,4 +25,5 @@ for _ in range(4):
 params = {k: v.detach().clone().cpu() for k, v in model.named_parameters()}
 torch.save({"losses": losses, "params": params, "device_count": 0},
            os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+dist.barrier()
 dist.destroy_process_group()

@@ -41,4 +41,5 @@ model.load_state_dict(state["model"])
 params = {k: v.full_tensor().cpu() for k, v in model.named_parameters()}
 torch.save({"losses": losses, "params": params, "device_count": torch.cuda.device_count()},
            os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+dist.barrier()
 dist.destroy_process_group()

@@ -35,4 +35,5 @@ for step in range(3):
 params = {k: v.detach().cpu() for k, v in stage_module.named_parameters()}
 torch.save({"losses": losses_out, "params": params, "device_count": 0},
            os.path.join(out_dir, f"rank{rank}.pt"))
+dist.barrier()
 dist.destroy_process_group()

@@ -38,4 +38,5 @@ for step in range(3):
 params = {k: v.detach().cpu() for k, v in stage_module.named_parameters()}
 torch.save({"losses": losses_out, "params": params, "device_count": torch.cuda.device_count()},
            os.path.join(out_dir, f"rank{rank}.pt"))
+dist.barrier()
 dist.destroy_process_group()
