@@ -188,6 +188,8 @@ def test_tensors_behave_as_in_the_cpu_port(probe):
     assert probe["rng_equal"] and probe["generator_equal"]
     assert probe["streams_ok"]
     assert probe["autocast_dtype"] == "torch.bfloat16"
+    assert probe["backward_grad"] == [4.0, 4.0, 4.0]      # cuda tensors made inside backward
+    assert probe["thread_charged"] == 4096                # a thread the program started
 
 
 @pytest.mark.torch

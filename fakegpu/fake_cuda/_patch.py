@@ -240,6 +240,40 @@ def _patch_generator() -> None:
     torch.Generator = Generator
 
 
+def _patch_tensor_constructors() -> None:
+    """``torch.tensor`` / ``torch.as_tensor`` with a cuda device: rewritten here as well as in
+    the mode, because autograd runs backward functions without the torch-function mode."""
+    for name in ("tensor", "as_tensor"):
+        original = getattr(torch, name)
+
+        def wrapper(*args, _original=original, **kwargs):
+            device = kwargs.get("device")
+            index = rt.cuda_index_of(device) if isinstance(device, (str, torch.device)) else None
+            if index is None:
+                return _original(*args, **kwargs)
+            kwargs["device"] = rt.CPU
+            out = _original(*args, **kwargs)
+            rt.state().memory.charge_tensor(out, index)
+            return out
+
+        functools.update_wrapper(wrapper, original)
+        setattr(torch, name, wrapper)
+
+
+def _modes_in_new_threads() -> None:
+    """torch keeps mode stacks per thread: threads the program starts get ours too."""
+    import threading
+
+    original = threading.Thread._bootstrap_inner
+
+    def _bootstrap_inner(self):
+        for mode in _modes:
+            mode.__enter__()
+        original(self)
+
+    threading.Thread._bootstrap_inner = _bootstrap_inner
+
+
 _modes: list = []
 
 
@@ -271,6 +305,7 @@ def install() -> None:
     _patch_generator()
     rt.patch_tensor_methods()
     rt.patch_sdpa()
+    _patch_tensor_constructors()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()
@@ -285,3 +320,4 @@ def install() -> None:
     tracking.__enter__()
     rewrite.__enter__()
     _modes.extend([tracking, rewrite])
+    _modes_in_new_threads()

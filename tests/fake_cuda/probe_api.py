@@ -122,5 +122,36 @@ with sdpa_kernel([SDPBackend.MATH]):
     math = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 out["sdpa_efficient_equals_math"] = bool(torch.equal(eff, math))
 
+# Backward functions (run without the torch-function mode) and threads the program starts.
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.tensor([3.0], device="cuda") + torch.ones(3).to("cuda")
+
+
+leaf = torch.ones(3, device="cuda", requires_grad=True)
+Scale.apply(leaf).sum().backward()
+out["backward_grad"] = leaf.grad.tolist()
+import threading  # noqa: E402
+
+seen = {}
+
+
+def in_thread():
+    keep = torch.empty(1000, device="cuda:1")
+    seen["charged"] = cuda.memory_allocated(1) - before_thread
+    del keep
+
+
+before_thread = cuda.memory_allocated(1)
+worker = threading.Thread(target=in_thread)
+worker.start()
+worker.join()
+out["thread_charged"] = seen.get("charged")
+
 print(json.dumps(out))
 sys.stdout.flush()
