@@ -196,6 +196,7 @@ def test_tensors_behave_as_in_the_cpu_port(probe):
 def test_gpu_only_kernels_fall_back_to_exact_cpu_math(probe):
     assert probe["fused_equal"]
     assert probe["sdpa_efficient_equals_math"]
+    assert probe["direct_attention_ops_equal_math"]
 
 
 @pytest.mark.parametrize("dummy", [None], ids=["custom-cuda-op"])

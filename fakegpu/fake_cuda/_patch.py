@@ -306,6 +306,9 @@ def install() -> None:
     rt.patch_tensor_methods()
     rt.patch_sdpa()
     _patch_tensor_constructors()
+    from . import kernels
+
+    kernels.register()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -122,6 +122,24 @@ with sdpa_kernel([SDPBackend.MATH]):
     math = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 out["sdpa_efficient_equals_math"] = bool(torch.equal(eff, math))
 
+# The CUDA-only attention ops called directly: forward and backward equal the math kernel's.
+def attention_grads(op):
+    leaves = [torch.randn(2, 3, 8, 16, device="cuda", generator=torch.Generator().manual_seed(i))
+              .requires_grad_() for i in range(3)]
+    result = op(*leaves)
+    result.sum().backward()
+    return [result.detach()] + [t.grad for t in leaves]
+
+
+reference = attention_grads(lambda q, k, v: torch.ops.aten._scaled_dot_product_attention_math(
+    q, k, v, None, 0.0, True)[0])
+efficient = attention_grads(lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(
+    q, k, v, None, True, 0.0, True)[0])
+flash = attention_grads(lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(
+    q, k, v, 0.0, True)[0])
+out["direct_attention_ops_equal_math"] = all(torch.equal(a, b) for a, b in zip(reference, efficient)) \
+    and all(torch.equal(a, b) for a, b in zip(reference, flash))
+
 # Backward functions (run without the torch-function mode) and threads the program starts.
 class Scale(torch.autograd.Function):
     @staticmethod
