@@ -454,6 +454,12 @@ def rank_environment(cfg: LaunchConfig, endpoint: Optional[Endpoint], token_file
     if token_file is not None:
         env.pop("FAKEGPU_COORDINATOR_TOKEN", None)
     env.update(fakegpu_variables(cfg, endpoint, token_file))
+    # Fake CUDA devices for the ranks' torch (simulate mode only; a torch with a usable GPU
+    # ignores it). FAKEGPU_FAKE_CUDA=0 in the caller's environment turns them off.
+    if cfg.mode == "simulate":
+        env.setdefault("FAKEGPU_FAKE_CUDA", "1")
+    else:
+        env["FAKEGPU_FAKE_CUDA"] = "0"
     shim = shim or fakegpu.nccl_library_path()
     env["FAKEGPU_NCCL_LIBRARY"] = shim
     preload = [p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p and p != shim]
@@ -986,7 +992,7 @@ def launch(cfg: LaunchConfig, command: Sequence[str]) -> int:
             log(f"the coordinator at {prepared.endpoint.address} writes its reports when it is stopped "
                 f"(python -m fakegpu coordinator --shutdown {prepared.endpoint.address} ...)")
         return status
-    report_written = _print_reports(cfg, before, quiet=cfg.quiet)
+    report_written = _print_reports(cfg, before, status, quiet=cfg.quiet)
     if cfg.needs_coordinator and (coordinator_status != 0 or not report_written):
         # The report of this job is lost (disk full, a failing write): never a silent success.
         log(f"error: this job's reports were not written to {cfg.report}"
@@ -1008,7 +1014,20 @@ def _file_identity(path: Path) -> Optional[tuple]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], quiet: bool = False) -> bool:
+def _no_rank_reached_nccl(report: Path) -> bool:
+    """True when the report shows no communicator at all: its figures describe nothing."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("communicators"):
+        return False
+    return not any(isinstance(r, dict) and (r.get("connected") or r.get("comm_inits"))
+                   for r in data.get("ranks") or [])
+
+
+def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], status: int = 0,
+                   quiet: bool = False) -> bool:
     """Say where this job's reports are and summarise the JSON one, never a file an earlier run
     left there. Returns whether this job wrote the JSON report."""
     written, stale = [], []
@@ -1029,6 +1048,13 @@ def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], qu
         return report_written
     for label, path in written:
         log(f"{label}: {path}")
+    if report_written and _no_rank_reached_nccl(cfg.report):
+        # A summary here would read "world size 1" for a job whose ranks never got that far.
+        where = ("the ranks' errors are in the command's output above"
+                 if status else "the command made no NCCL call")
+        log(f"no rank reached NCCL (no communicator was created; the command exited with status "
+            f"{status}); {where}. Empty report: {cfg.report}")
+        return report_written
     if report_written:
         for line in init_timeout_lines(cfg.report):
             log(line)

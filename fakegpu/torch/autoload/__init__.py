@@ -45,6 +45,22 @@ def register_quietly() -> None:
     except Exception as exc:  # never let a plugin break `import torch`
         warnings.warn(f"fakegpu: could not register the 'fakegpu' torch backend: {exc!r}",
                       RuntimeWarning, stacklevel=2)
+        return
+    start_fake_cuda_quietly()
+
+
+def start_fake_cuda_quietly() -> None:
+    """Fake CUDA devices when fgpu asked for them (``FAKEGPU_FAKE_CUDA=1``) and no real GPU is
+    usable; otherwise the one-line hints for NCCL / CUDA requests on a CPU-only torch."""
+    try:
+        import fakegpu.fake_cuda as fake_cuda
+
+        if not fake_cuda.activate_from_environment():
+            from fakegpu.fake_cuda.hints import install_hints
+
+            install_hints()
+    except Exception as exc:  # never let a plugin break `import torch`
+        warnings.warn(f"fakegpu: could not start fake CUDA devices: {exc!r}", RuntimeWarning, stacklevel=2)
 
 
 def entry_point() -> None:

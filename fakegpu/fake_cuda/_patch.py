@@ -1,0 +1,326 @@
+"""Install the fake CUDA runtime into torch: ``torch.cuda``, ``torch.accelerator``,
+``torch.load``, autocast, storage resizes, and the two modes."""
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+from . import runtime as rt
+from .memory import TrackingMode, UnsupportedOnFakeCuda
+
+_CUDA_FUNCTIONS = {
+    "is_available": lambda: True,
+    "is_initialized": lambda: True,
+    "_lazy_init": lambda: None,
+    "init": lambda: None,
+    "device_count": rt.device_count,
+    "current_device": rt.current_device,
+    "set_device": rt.set_device,
+    "device": rt.device_ctx,
+    "device_of": rt.device_of,
+    "_exchange_device": rt._exchange_device,
+    "_maybe_exchange_device": rt._exchange_device,
+    "get_device_properties": rt.get_device_properties,
+    "get_device_name": rt.get_device_name,
+    "get_device_capability": rt.get_device_capability,
+    "get_arch_list": rt.get_arch_list,
+    "is_bf16_supported": rt.is_bf16_supported,
+    "is_tf32_supported": rt.is_tf32_supported,
+    "synchronize": rt.synchronize,
+    "Stream": rt.Stream,
+    "ExternalStream": rt.ExternalStream,
+    "Event": rt.Event,
+    "current_stream": rt.current_stream,
+    "default_stream": rt.default_stream,
+    "set_stream": rt.set_stream,
+    "stream": rt.stream,
+    "StreamContext": rt.StreamContext,
+    "manual_seed": rt.manual_seed,
+    "manual_seed_all": rt.manual_seed,
+    "seed": rt.seed,
+    "seed_all": rt.seed,
+    "initial_seed": rt.initial_seed,
+    "get_rng_state": rt.get_rng_state,
+    "get_rng_state_all": rt.get_rng_state_all,
+    "set_rng_state": rt.set_rng_state,
+    "set_rng_state_all": rt.set_rng_state_all,
+    "memory_stats": rt.memory_stats,
+    "memory_stats_as_nested_dict": rt.memory_stats_as_nested_dict,
+    "memory_allocated": rt.memory_allocated,
+    "max_memory_allocated": rt.max_memory_allocated,
+    "memory_reserved": rt.memory_reserved,
+    "max_memory_reserved": rt.max_memory_reserved,
+    "memory_cached": rt.memory_reserved,
+    "max_memory_cached": rt.max_memory_reserved,
+    "reset_peak_memory_stats": rt.reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": rt.reset_accumulated_memory_stats,
+    "reset_max_memory_allocated": rt.reset_max_memory_allocated,
+    "reset_max_memory_cached": rt.reset_max_memory_allocated,
+    "empty_cache": rt.empty_cache,
+    "mem_get_info": rt.mem_get_info,
+    "is_current_stream_capturing": lambda: False,
+    "memory_snapshot": rt.memory_snapshot,
+    "memory_summary": rt.memory_summary,
+}
+
+_MEMORY_MODULE_EXTRA = {
+    "_snapshot": rt._snapshot,
+    "_record_memory_history": rt._record_memory_history,
+}
+
+
+def _accelerator_functions() -> dict:
+    cuda = torch.device("cuda")
+
+    class device_index:  # noqa: N801 - torch.accelerator.device_index
+        def __init__(self, device, /):
+            self._ctx = rt.device_ctx(device)
+
+        def __enter__(self):
+            self._ctx.__enter__()
+
+        def __exit__(self, *exc):
+            return self._ctx.__exit__(*exc)
+
+    def current_accelerator(check_available: bool = False):  # noqa: ARG001
+        return cuda
+
+    def get_device_capability(device=None, /):
+        props = rt.get_device_properties(device)
+        return {"major": props.major, "minor": props.minor,
+                "supported_dtypes": [torch.float32, torch.float16, torch.bfloat16, torch.float64]}
+
+    def get_memory_info(device=None, /):
+        return rt.mem_get_info(device)
+
+    return {
+        "is_available": lambda: True,
+        "device_count": rt.device_count,
+        "current_accelerator": current_accelerator,
+        "current_device_index": rt.current_device,
+        "current_device_idx": rt.current_device,
+        "set_device_index": rt.set_device,
+        "set_device_idx": rt.set_device,
+        "device_index": device_index,
+        "synchronize": rt.synchronize,
+        "current_stream": rt.current_stream,
+        "set_stream": rt.set_stream,
+        "get_device_capability": get_device_capability,
+        "empty_cache": rt.empty_cache,
+        "memory_stats": rt.memory_stats,
+        "memory_allocated": rt.memory_allocated,
+        "max_memory_allocated": rt.max_memory_allocated,
+        "memory_reserved": rt.memory_reserved,
+        "max_memory_reserved": rt.max_memory_reserved,
+        "reset_peak_memory_stats": rt.reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": rt.reset_accumulated_memory_stats,
+        "get_memory_info": get_memory_info,
+    }
+
+
+def _set_all(module, names: dict) -> None:
+    for name, value in names.items():
+        setattr(module, name, value)
+
+
+def _patch_nvtx() -> None:
+    import torch.cuda.nvtx as nvtx
+
+    depth = [0]
+
+    def range_push(msg):  # noqa: ARG001
+        depth[0] += 1
+        return depth[0] - 1
+
+    def range_pop():
+        depth[0] = max(0, depth[0] - 1)
+        return depth[0]
+
+    _set_all(nvtx, {"range_push": range_push, "range_pop": range_pop,
+                    "range_start": lambda msg: 0, "range_end": lambda range_id: None,
+                    "mark": lambda msg: None})
+
+
+def _patch_load() -> None:
+    original = torch.load
+
+    def to_cpu(location):
+        if location is None:
+            return "cpu", rt.current_device()
+        if isinstance(location, (str, torch.device)):
+            index = rt.cuda_index_of(location)
+            return ("cpu", index) if index is not None else (location, None)
+        if isinstance(location, dict):
+            return {k: ("cpu" if rt.cuda_index_of(v) is not None else v) for k, v in location.items()}, None
+        return location, None
+
+    @functools.wraps(original)
+    def load(f, map_location=None, *args, **kwargs):
+        explicit = map_location is not None
+        map_location, index = to_cpu(map_location)
+        result = original(f, map_location, *args, **kwargs)
+        if explicit and index is not None:
+            _charge_tree(result, index)
+        return result
+
+    torch.load = load
+    torch.serialization.load = load
+
+
+def _charge_tree(obj, index: int, depth: int = 0) -> None:
+    if depth > 20:
+        return
+    if isinstance(obj, torch.Tensor):
+        rt.state().memory.charge_tensor(obj, index)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _charge_tree(value, index, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _charge_tree(value, index, depth + 1)
+
+
+def _patch_autocast() -> None:
+    from torch.amp import autocast_mode
+
+    cls = autocast_mode.autocast
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "cuda":
+            # Autocast on the CPU kernels, with the GPU's default dtype.
+            device_type, dtype = "cpu", (torch.float16 if dtype is None else dtype)
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    cls.__init__ = __init__
+
+
+def _patch_storage_resize() -> None:
+    original = torch.UntypedStorage.resize_
+
+    @functools.wraps(original)
+    def resize_(self, size):
+        result = original(self, size)
+        rt.state().memory.resized(self, int(size))
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
+
+
+def _excepthook_for_unsupported() -> None:
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if isinstance(value, UnsupportedOnFakeCuda):
+            print(str(value), file=sys.stderr)
+            return
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _patch_generator() -> None:
+    """``torch.Generator(device="cuda")``: the CPU algorithm, as the port would draw."""
+    base = torch.Generator
+
+    class Generator(base):
+        def __new__(cls, device="cpu"):
+            if rt.cuda_index_of(device) is not None or (type(device) is int):
+                device = "cpu"
+            return super().__new__(cls, device)
+
+        def __init__(self, device="cpu"):
+            pass
+
+    Generator.__name__ = Generator.__qualname__ = "Generator"
+    Generator.__module__ = "torch"
+    torch.Generator = Generator
+
+
+def _patch_tensor_constructors() -> None:
+    """``torch.tensor`` / ``torch.as_tensor`` with a cuda device: rewritten here as well as in
+    the mode, because autograd runs backward functions without the torch-function mode."""
+    for name in ("tensor", "as_tensor"):
+        original = getattr(torch, name)
+
+        def wrapper(*args, _original=original, **kwargs):
+            device = kwargs.get("device")
+            index = rt.cuda_index_of(device) if isinstance(device, (str, torch.device)) else None
+            if index is None:
+                return _original(*args, **kwargs)
+            kwargs["device"] = rt.CPU
+            out = _original(*args, **kwargs)
+            rt.state().memory.charge_tensor(out, index)
+            return out
+
+        functools.update_wrapper(wrapper, original)
+        setattr(torch, name, wrapper)
+
+
+def _modes_in_new_threads() -> None:
+    """torch keeps mode stacks per thread: threads the program starts get ours too."""
+    import threading
+
+    original = threading.Thread._bootstrap_inner
+
+    def _bootstrap_inner(self):
+        for mode in _modes:
+            mode.__enter__()
+        original(self)
+
+    threading.Thread._bootstrap_inner = _bootstrap_inner
+
+
+_modes: list = []
+
+
+def install() -> None:
+    import torch.cuda
+    import torch.cuda.memory
+    import torch.cuda.random
+    import torch.cuda.streams
+
+    _set_all(torch.cuda, _CUDA_FUNCTIONS)
+    _set_all(torch.cuda.memory, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.memory, k)})
+    _set_all(torch.cuda.memory, _MEMORY_MODULE_EXTRA)
+    _set_all(torch.cuda.random, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.random, k)})
+    _set_all(torch.cuda.streams, {"Stream": rt.Stream, "ExternalStream": rt.ExternalStream, "Event": rt.Event})
+    torch.cuda.default_generators = tuple(torch.default_generator for _ in range(rt.device_count()))
+    _patch_nvtx()
+
+    import torch.accelerator
+    import torch.accelerator.memory
+
+    functions = _accelerator_functions()
+    _set_all(torch.accelerator, functions)
+    _set_all(torch.accelerator.memory, {k: v for k, v in functions.items() if hasattr(torch.accelerator.memory, k)})
+    cuda = torch.device("cuda")
+    torch._C._get_accelerator = lambda: cuda
+    torch._C._accelerator_getAccelerator = lambda: cuda
+
+    _patch_load()
+    _patch_generator()
+    rt.patch_tensor_methods()
+    rt.patch_sdpa()
+    _patch_tensor_constructors()
+    from . import kernels
+
+    kernels.register()
+    _patch_autocast()
+    _patch_storage_resize()
+    _excepthook_for_unsupported()
+
+    from . import distributed
+
+    distributed.install()
+
+    # Last: from here on every torch call sees the modes.
+    tracking = TrackingMode(rt.state().memory)
+    rewrite = rt.DeviceRewriteMode()
+    tracking.__enter__()
+    rewrite.__enter__()
+    _modes.extend([tracking, rewrite])
+    _modes_in_new_threads()

@@ -1,0 +1,166 @@
+"""torch.distributed under fake CUDA devices: NCCL requests get the fakegpu backend.
+
+- ``Backend.default_device_backend_map["cuda"]`` is ``fakegpu``, so
+  ``get_default_backend_for_device("cuda")``, ``init_process_group()`` without a backend
+  and ``init_device_mesh("cuda", ...)`` pick it;
+- ``_new_process_group_helper`` (every group torch creates goes through it) turns a backend
+  that names NCCL — ``"nccl"``, ``"cuda:nccl,cpu:gloo"`` — into ``fakegpu``, which carries the
+  group's CPU tensors, fake-cuda or not, through the shim and the coordinator; a
+  ``device_id`` is dropped (there is no device to bind an eager NCCL communicator to);
+- DDP drops ``device_ids`` / ``output_device`` for a module whose parameters are on fake
+  devices (torch accepts them only for real accelerator modules); FSDP2 places the shards of
+  a "cuda" mesh, and FSDP1 its flat parameters, on the CPU, as the port does;
+- DTensor's RNG tracker is off on "cuda" meshes, as it is on the CPU meshes of the port.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from fakegpu.torch import BACKEND_NAME, FakeGpuProcessGroup, register
+
+_installed = False
+
+
+def _names_nccl(backend) -> bool:
+    if backend is None:
+        return False
+    text = str(backend).lower()
+    return "nccl" in text or text.startswith("cuda:")
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    register()
+    c10d.Backend.default_device_backend_map["cuda"] = BACKEND_NAME
+
+    original_helper = c10d._new_process_group_helper
+
+    @functools.wraps(original_helper)
+    def new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                                 group_name, backend_options=None, timeout=None, pg_tag=None,
+                                 device_id=None, group_desc=None):
+        if _names_nccl(backend) or str(backend).lower() == BACKEND_NAME:
+            backend = c10d.Backend(BACKEND_NAME)
+            backend_options = None
+            device_id = None
+        return original_helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                               group_name, backend_options=backend_options, timeout=timeout,
+                               pg_tag=pg_tag, device_id=device_id, group_desc=group_desc)
+
+    c10d._new_process_group_helper = new_process_group_helper
+
+    original_timeout = c10d._get_default_timeout
+
+    @functools.wraps(original_timeout)
+    def get_default_timeout(backend):
+        # NCCL's default timeout, without torch's warning that NCCL is not compiled in.
+        return original_timeout(BACKEND_NAME if _names_nccl(backend) else backend)
+
+    c10d._get_default_timeout = get_default_timeout
+
+    original_get_backend = FakeGpuProcessGroup._get_backend
+
+    def _get_backend(self, device):
+        device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+        return original_get_backend(self, "cpu" if device_type == "cuda" else device)
+
+    FakeGpuProcessGroup._get_backend = _get_backend
+
+    _patch_ddp()
+    _patch_dtensor_rng()
+    _patch_fsdp2_device()
+    _patch_fsdp1_device()
+
+
+def _patch_fsdp1_device() -> None:
+    """FSDP1 (``FullyShardedDataParallel``): a cuda ``device_id`` (or none, with parameters
+    on fake devices) becomes ``device_id=torch.device("cpu")``, how the CPU port spells it."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except ImportError:
+        return
+    original_init = FSDP.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, module, *args, device_id=None, **kwargs):
+        if device_id is None or type(device_id) is int or \
+                torch.device(device_id).type == "cuda":
+            device_id = torch.device("cpu")
+        original_init(self, module, *args, device_id=device_id, **kwargs)
+
+    FSDP.__init__ = __init__
+
+
+def _replace_everywhere(original, replacement, package: str) -> None:
+    """Rebind ``original`` to ``replacement`` in every loaded module of ``package`` that
+    imported it by name (``from x import f`` copies the binding)."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package or name.startswith(package + ".")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attr, replacement)
+
+
+def _patch_fsdp2_device() -> None:
+    """FSDP2 places shards on the mesh's device; a "cuda" mesh's tensors are CPU tensors."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard  # noqa: F401
+        import torch.distributed._composable.replicate_with_fsdp  # noqa: F401
+    except ImportError:
+        return
+    original = _fsdp_init._get_device_from_mesh
+
+    @functools.wraps(original)
+    def _get_device_from_mesh(mesh):
+        if mesh.device_type == "cuda":
+            return torch.device("cpu")
+        return original(mesh)
+
+    _replace_everywhere(original, _get_device_from_mesh, "torch.distributed")
+
+
+def _patch_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original_init = DDP.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        params = list(module.parameters())
+        if params and all(p.device.type == "cpu" for p in params):
+            device_ids = None
+            output_device = None
+        original_init(self, module, device_ids, output_device, *args, **kwargs)
+
+    DDP.__init__ = __init__
+
+
+def _patch_dtensor_rng() -> None:
+    try:
+        from torch.distributed.tensor import _random
+    except ImportError:  # torch without DTensor
+        return
+    original = _random.is_rng_supported_mesh
+
+    @functools.wraps(original)
+    def is_rng_supported_mesh(device_mesh) -> bool:
+        if device_mesh.device_type == "cuda":
+            return False  # the tensors are CPU tensors: the CPU mesh's answer
+        return original(device_mesh)
+
+    _random.is_rng_supported_mesh = is_rng_supported_mesh
+    try:
+        from torch.distributed.tensor import _dispatch
+    except ImportError:
+        return
+    if getattr(_dispatch, "is_rng_supported_mesh", None) is original:
+        _dispatch.is_rng_supported_mesh = is_rng_supported_mesh

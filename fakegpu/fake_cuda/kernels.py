@@ -1,0 +1,104 @@
+"""CPU kernels for attention ops torch implements only for CUDA, for programs that call them
+directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_attention``
+and their backwards).  They compute torch's math attention, the exact reference the fused
+kernels approximate; the backward recomputes it under autograd.  Dropout is refused: the
+CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its own.
+"""
+from __future__ import annotations
+
+import torch
+
+from .memory import UnsupportedOnFakeCuda
+
+_library = None
+
+
+def _math(query, key, value, attn_mask, is_causal, scale):
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, 0.0, is_causal, None, scale=scale)[0]
+
+
+def _no_dropout(name: str, dropout_p: float) -> None:
+    if dropout_p:
+        raise UnsupportedOnFakeCuda(
+            f"fakegpu: aten::{name} with dropout_p={dropout_p} cannot run on fake CUDA devices "
+            "(the CUDA kernel's dropout mask cannot be reproduced on the CPU); call "
+            "torch.nn.functional.scaled_dot_product_attention, which falls back to the math kernel")
+
+
+def _lse_placeholder(query) -> torch.Tensor:
+    batch, heads, length = query.shape[0], query.shape[1], query.shape[2]
+    return torch.zeros(batch, heads, length, dtype=torch.float32)
+
+
+def _autograd_back_on():
+    """A kernel runs below autograd (its dispatch keys excluded); the backward kernels
+    recompute the math attention under autograd, so they turn those keys back on."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for name in ("AutogradFunctionality", "AutogradOther", "AutogradCPU", "AutogradNestedTensor",
+                 "ADInplaceOrView", "AutogradCUDA"):
+        key = getattr(keys, name, None)
+        if key is not None and exclude.has(key):
+            exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _grads(grad_out, query, key, value, attn_mask, is_causal, scale):
+    with _autograd_back_on(), torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
+        inputs = [q, k, v]
+        mask = None
+        if attn_mask is not None and attn_mask.is_floating_point():
+            mask = attn_mask.detach().requires_grad_()
+            inputs.append(mask)
+        out = _math(q, k, v, mask if mask is not None else attn_mask, is_causal, scale)
+        return torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+
+
+def efficient_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                      is_causal=False, *, scale=None):
+    _no_dropout("_scaled_dot_product_efficient_attention", dropout_p)
+    out = _math(query, key, value, attn_bias, is_causal, scale)
+    empty = torch.zeros((), dtype=torch.int64)
+    return out, _lse_placeholder(query), empty, empty.clone()
+
+
+def efficient_backward(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
+                       philox_offset, dropout_p, grad_input_mask, is_causal=False, *, scale=None):
+    _no_dropout("_scaled_dot_product_efficient_attention_backward", dropout_p)
+    grads = _grads(grad_out, query, key, value, attn_bias if attn_bias is not None and attn_bias.numel() else None,
+                   is_causal, scale)
+    bias_grad = grads[3] if len(grads) > 3 and grads[3] is not None and grad_input_mask[3] else \
+        torch.empty(0, dtype=query.dtype)
+    return grads[0], grads[1], grads[2], bias_grad
+
+
+def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                  scale=None):
+    _no_dropout("_scaled_dot_product_flash_attention", dropout_p)
+    out = _math(query, key, value, None, is_causal, scale)
+    empty = torch.empty(0, dtype=torch.int64)
+    return (out, _lse_placeholder(query), empty, empty.clone(), query.shape[2], key.shape[2],
+            torch.zeros(2, dtype=torch.int64), torch.empty(0), torch.empty(0, dtype=query.dtype))
+
+
+def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                   dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    _no_dropout("_scaled_dot_product_flash_attention_backward", dropout_p)
+    grads = _grads(grad_out, query, key, value, None, is_causal, scale)
+    return grads[0], grads[1], grads[2]
+
+
+def register() -> None:
+    """Register the kernels for the CPU dispatch key (once per process)."""
+    global _library
+    if _library is not None:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    for name, kernel in (("_scaled_dot_product_efficient_attention", efficient_forward),
+                         ("_scaled_dot_product_efficient_attention_backward", efficient_backward),
+                         ("_scaled_dot_product_flash_attention", flash_forward),
+                         ("_scaled_dot_product_flash_attention_backward", flash_backward)):
+        library.impl(name, kernel, "CPU")
+    _library = library

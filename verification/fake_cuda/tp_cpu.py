@@ -1,0 +1,31 @@
+"""Hand port of tp_gpu.py to a CPU mesh + gloo (the reference for its numerics)."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+out_dir = sys.argv[1]
+local_rank = int(os.environ["LOCAL_RANK"])
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+torch.manual_seed(5)
+losses = []
+for _ in range(4):
+    x = torch.randn(4, 8)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    losses.append(loss.item())
+params = {k: v.full_tensor().cpu() for k, v in model.named_parameters()}
+torch.save({"losses": losses, "params": params, "device_count": 0},
+           os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+dist.barrier()
+dist.destroy_process_group()
