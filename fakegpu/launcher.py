@@ -1015,14 +1015,16 @@ def _file_identity(path: Path) -> Optional[tuple]:
 
 
 def _no_rank_reached_nccl(report: Path) -> bool:
-    """True when the report shows no communicator at all: its figures describe nothing."""
+    """True when the report shows that no process ever reached the coordinator (no
+    communicator, no rank that connected or tried to create one): its figures describe nothing."""
     try:
         data = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if not isinstance(data, dict) or data.get("communicators"):
         return False
-    return not any(isinstance(r, dict) and (r.get("connected") or r.get("comm_inits"))
+    return not any(isinstance(r, dict) and (r.get("pid") is not None or r.get("connected") or r.get("comm_inits")
+                                            or r.get("init_timeouts"))
                    for r in data.get("ranks") or [])
 
 
@@ -1048,12 +1050,12 @@ def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], st
         return report_written
     for label, path in written:
         log(f"{label}: {path}")
-    if report_written and _no_rank_reached_nccl(cfg.report):
-        # A summary here would read "world size 1" for a job whose ranks never got that far.
-        where = ("the ranks' errors are in the command's output above"
-                 if status else "the command made no NCCL call")
-        log(f"no rank reached NCCL (no communicator was created; the command exited with status "
-            f"{status}); {where}. Empty report: {cfg.report}")
+    if report_written and status != 0 and _no_rank_reached_nccl(cfg.report):
+        # A summary here would read "world size 1" for a job whose ranks failed before they got
+        # that far.
+        log(f"no rank reached NCCL (no process connected and no communicator was created; the command "
+            f"exited with status {status}); the ranks' errors are in the command's output above. "
+            f"Empty report: {cfg.report}")
         return report_written
     if report_written:
         for line in init_timeout_lines(cfg.report):
