@@ -15,7 +15,7 @@ import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Collection, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from fakegpu.topology import Topology
@@ -45,6 +45,18 @@ NVLS_BASE_LATENCY_S = 25e-6
 KINDS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter", "SendRecv")
 _KIND_BY_KEY = {k.lower(): k for k in KINDS}
 _KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", "sendrecv": "SendRecv"})
+
+
+# Every algorithm name an Estimate can carry (besides "local" for free operations).
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pairwise", "direct")
+
+
+def _check_algorithm(name: str) -> str:
+    key = str(name).strip().lower().replace("-", "_")
+    key = {"nvlstree": "nvls_tree"}.get(key, key)
+    if key not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    return key
 
 
 def normalize_kind(kind: str) -> str:
@@ -141,11 +153,14 @@ def estimate_seconds(kind: str, count: int, elem_size: int, global_ranks: Sequen
 
 
 def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
-             root: int, peer: int, topology: "Topology") -> Estimate:
+             root: int, peer: int, topology: "Topology",
+             algorithms: Optional[Collection[str]] = None) -> Estimate:
     """Fastest algorithm's time and its per-transfer bytes for one operation.
 
     ``root`` and ``peer`` are ranks in the communicator (index into ``global_ranks``):
     the root of rooted collectives, or sender (root) and receiver (peer) of a SendRecv.
+    ``algorithms`` restricts the choice (names in ALGORITHMS); when none of them applies to
+    this operation the full choice is used, as NCCL falls back when NCCL_ALGO excludes all.
     """
     kind = normalize_kind(kind)
     members = [int(r) for r in global_ranks]
@@ -162,6 +177,9 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         raise ValueError(f"SendRecv needs a receiver rank in 0..{n - 1}, got {peer}")
     size = logical_bytes(kind, count, elem_size, n)
     plans = _plans(kind, count * elem_size, members, root, peer, topology)
+    if algorithms is not None:
+        wanted = {_check_algorithm(a) for a in algorithms}
+        plans = [p for p in plans if p.algorithm in wanted] or plans
     if not plans or count == 0:
         return Estimate(kind, "local", 0.0, 0.0, 0.0, size, n)
 
@@ -403,49 +421,11 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
                   intra_eff=NVLS_TREE_EFFICIENCY)]
 
 
-# -- `python -m fakegpu.costmodel`: a modeled nccl-tests table for a topology --------------
-def _parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-    t = text.strip().upper()
-    digits = t.rstrip("KMGIB")
-    return int(float(digits) * units[t[len(digits):]])
-
-
+# -- `python -m fakegpu.costmodel` is `python -m fakegpu model` (fakegpu/cli/model.py) ---------
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
+    from fakegpu.cli import model
 
-    from fakegpu.topology import ClusterConfigError, default_topology, load_cluster_config
-
-    parser = argparse.ArgumentParser(prog="python -m fakegpu.costmodel",
-                                     description="Print the modeled nccl-tests table of one operation kind.")
-    parser.add_argument("config", nargs="?", help="cluster YAML (default: one node, --world-size GPUs)")
-    parser.add_argument("--world-size", type=int, default=8)
-    parser.add_argument("--kind", default="AllReduce")
-    parser.add_argument("-b", "--min-bytes", default="8")
-    parser.add_argument("-e", "--max-bytes", default="8G")
-    parser.add_argument("-f", "--factor", type=int, default=4)
-    parser.add_argument("--elem-size", type=int, default=4)
-    args = parser.parse_args(argv)
-    try:
-        topo = load_cluster_config(args.config) if args.config else default_topology(args.world_size)
-    except ClusterConfigError as exc:
-        print(exc)
-        return 2
-    kind = normalize_kind(args.kind)
-    ranks = list(range(topo.world_size))
-    peer = ranks[-1] if kind == "SendRecv" else -1
-    print(f"# {topo.name}: {kind} over {len(ranks)} ranks on {topo.node_count} node(s) (modeled)")
-    print(f"{'size':>12} {'count':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  algorithm")
-    size = _parse_size(args.min_bytes)
-    while size <= _parse_size(args.max_bytes):
-        per = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter") else 1
-        count = max(1, size // args.elem_size // per)
-        e = estimate(kind, count, args.elem_size, ranks, 0, peer, topo)
-        print(f"{e.logical_bytes:>12} {count:>12} {e.seconds * 1e6:>10.1f} {e.algbw_gbs:>8.2f} "
-              f"{e.busbw_gbs:>8.2f}  {e.algorithm}")
-        size *= max(2, args.factor)
-    return 0
+    return model.main(argv, prog="python -m fakegpu.costmodel")
 
 
 if __name__ == "__main__":

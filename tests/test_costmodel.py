@@ -241,8 +241,70 @@ def test_calibration_8x_a100():
 def test_modeled_table_command(capsys):
     assert costmodel.main([str(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml"), "-b", "1M", "-e", "4M", "-f", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("# h100-2x8-ndr: AllReduce over 16 ranks on 2 node(s)")
+    # `python -m fakegpu.costmodel` is the same command as `fgpu model`
+    assert out[0].startswith("# fakegpu model: h100-2x8-ndr, AllReduce over 16 ranks on 2 node(s)")
     rows = [line.split() for line in out[2:]]
     assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20, 4 << 20]
     assert costmodel.main(["--world-size", "4", "--kind", "alltoall", "-b", "64K", "-e", "64K"]) == 0
     assert "pairwise" in capsys.readouterr().out
+
+
+# -- `fgpu model` / `python -m fakegpu model` ---------------------------------------------------
+def _model(*argv):
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "fakegpu", "model", *argv], capture_output=True, text=True,
+                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_model_command_table_and_listing():
+    r = _model(str(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml"), "--op", "allreduce", "-b", "8", "-e", "8G", "-f", "2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# fakegpu model: h100-2x8-ndr, AllReduce over 16 ranks on 2 node(s)")
+    assert lines[1].split()[:7] == ["size", "count", "time(us)", "algbw", "busbw", "algorithm", "protocol"]
+    rows = [line.split() for line in lines[2:]]
+    assert [int(row[0]) for row in rows] == [8 << i for i in range(31)]
+    assert all(float(row[2]) > 0 for row in rows)
+    listing = _model()  # no subcommand arguments: the default topology still works
+    assert listing.returncode == 0
+    import subprocess
+    import sys
+    usage = subprocess.run([sys.executable, "-m", "fakegpu"], capture_output=True, text=True,
+                           cwd=CONFIGS.parent, env={"PYTHONPATH": str(CONFIGS.parent)}, timeout=60)
+    assert "  model " in usage.stdout
+
+
+def test_model_command_ranks_nodes_algo_candidates_json():
+    import json
+    r = _model("h100-2node-8gpu-ib-8x400g", "--nodes", "1", "-b", "1G", "-e", "1G", "--json", "--candidates")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ranks"] == 8 and doc["nodes"] == 1
+    (row,) = doc["rows"]
+    assert row["algorithm"] == "nvls" and set(row["candidates_us"]) >= {"ring", "tree", "nvls"}
+    forced = json.loads(_model("h100-2node-8gpu-ib-8x400g", "--ranks", "4", "--algo", "ring", "-b", "1M",
+                               "-e", "4M", "--json").stdout)
+    assert forced["ranks"] == 4 and [x["algorithm"] for x in forced["rows"]] == ["ring"] * 3
+    assert [x["size"] for x in forced["rows"]] == [1 << 20, 2 << 20, 4 << 20]
+    table = _model(str(CONFIGS / "a100-1node-8gpu-nvlink.yaml"), "--candidates", "-b", "64K", "-e", "64K")
+    assert "ring=" in table.stdout and "tree=" in table.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--op", "allshuffle"], "--op 'allshuffle': unknown operation"),
+    (["--algo", "butterfly"], "unknown algorithm 'butterfly'"),
+    (["-b", "12Q"], "-b/--minbytes='12Q' is not a size"),
+    (["-b", "1G", "-e", "1M"], "-b 1G is larger than -e 1M"),
+    (["-f", "1"], "-f/--stepfactor must be at least 2"),
+    (["--dtype", "float128"], "--dtype 'float128': unknown datatype"),
+    (["no/such/cluster.yaml"], "cannot read file"),
+    (["dev-2node-2gpu", "--ranks", "9"], "--ranks 9: cluster config"),
+    (["dev-2node-2gpu", "--nodes", "0"], "--nodes must be at least 1"),
+])
+def test_model_command_errors(argv, message):
+    r = _model(*argv)
+    assert r.returncode == 2
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
