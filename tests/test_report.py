@@ -17,7 +17,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
 MiB = 1 << 20
 PORT = 300e9 * 0.82                 # dev-2node-2gpu NVLink port, NVLink efficiency
 NIC = 200e9 / 8 / 1.5 * 0.92        # HDR NIC after 1.5 oversubscription, IB efficiency
-ALLREDUCE_1MIB = 2 * 3e-6 + 2 * 15e-6 + max(MiB / PORT, MiB / NIC)   # hierarchical, see test_costmodel
+# hierarchical/Simple: launch + NCCL's ring base latency + 2 node-local + 2 network steps (test_costmodel)
+ALLREDUCE_1MIB = 4e-6 + 8.4e-6 + 2 * 3e-6 + 2 * 15e-6 + max(MiB / PORT, MiB / NIC)
 
 WORLD = CommRecord(1, "world", (0, 1, 2, 3))
 PIPE = CommRecord(2, "pp_stage_1_2", (1, 2), parent_id=1)

@@ -59,6 +59,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=8, help="ranks of the default topology (no YAML)")
     parser.add_argument("--algo", help="force algorithm(s), comma separated: "
                         + ", ".join(costmodel.ALGORITHMS) + " (default: NCCL_ALGO, else the fastest)")
+    parser.add_argument("--proto", help="force protocol(s), comma separated: "
+                        + ", ".join(costmodel.PROTOCOLS) + " (default: NCCL_PROTO, else the fastest)")
     parser.add_argument("--candidates", action="store_true", help="show every candidate's modeled time")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return parser
@@ -122,7 +124,7 @@ def _sendrecv_pairs(members: list[int]) -> list[tuple[int, int]]:
 
 
 def rows(topo, kind: str, members: list[int], sizes: list[int], elem_size: int,
-         algorithms=None) -> list[dict]:
+         algorithms=None, protocols=None) -> list[dict]:
     n = len(members)
     per_rank_blocks = kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter")
     out = []
@@ -131,14 +133,14 @@ def rows(topo, kind: str, members: list[int], sizes: list[int], elem_size: int,
         if count < 1:
             continue
         if kind == "SendRecv":
-            e = max((costmodel.estimate(kind, count, elem_size, members, a, b, topo, algorithms)
+            e = max((costmodel.estimate(kind, count, elem_size, members, a, b, topo, algorithms, protocols)
                      for a, b in _sendrecv_pairs(members)), key=lambda est: est.seconds)
         else:
-            e = costmodel.estimate(kind, count, elem_size, members, 0, -1, topo, algorithms)
+            e = costmodel.estimate(kind, count, elem_size, members, 0, -1, topo, algorithms, protocols)
         out.append({
             "size": e.logical_bytes, "count": count, "time_us": e.seconds * 1e6,
             "algbw_gbs": e.algbw_gbs, "busbw_gbs": e.busbw_gbs,
-            "algorithm": e.algorithm, "protocol": getattr(e, "protocol", "simple"),
+            "algorithm": e.algorithm, "protocol": e.protocol,
             "candidates_us": {name: t * 1e6 for name, t in sorted(e.candidates.items(), key=lambda kv: kv[1])},
         })
     return out
@@ -171,6 +173,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu model") -> int:
                 raise ModelArgumentError(f"--algo: {exc}") from None
             if not algorithms:
                 raise ModelArgumentError("--algo needs at least one algorithm name")
+        protocols = None
+        if args.proto is not None:
+            try:
+                protocols = [costmodel._check_protocol(p) for p in args.proto.split(",") if p.strip()]
+            except ValueError as exc:
+                raise ModelArgumentError(f"--proto: {exc}") from None
+            if not protocols:
+                raise ModelArgumentError("--proto needs at least one protocol name")
         if args.config:
             topo = load_cluster_config(_config_path(args.config))
         else:
@@ -188,7 +198,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu model") -> int:
         if factor < 2:
             break
         size *= factor
-    table = rows(topo, kind, members, sizes, elem_size, algorithms)
+    table = rows(topo, kind, members, sizes, elem_size, algorithms, protocols)
     nodes = len({topo.node_of(r) for r in members})
     if args.json:
         json.dump({"cluster": topo.name, "source": topo.source, "op": kind, "ranks": len(members),
