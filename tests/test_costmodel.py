@@ -67,7 +67,7 @@ def test_nccl_tests_conventions(kind, count, n, size, factor):
 
 def test_hierarchical_allreduce_on_two_nodes_matches_formula():
     topo = cfg("dev-2node-2gpu.yaml")
-    e = estimate("AllReduce", MiB // 4, 4, [0, 1, 2, 3], -1, -1, topo, protocols=["simple"])
+    e = estimate("AllReduce", MiB // 4, 4, [0, 1, 2, 3], -1, -1, topo, ["hierarchical", "ring", "tree"], ["simple"])
     assert e.algorithm == "hierarchical" and e.protocol == "simple"
     # intra ring of g=2: each port carries 2(g-1)/g S = S; inter: 2 rails share the single NIC,
     # each rail ring of N=2 nodes moves 2(N-1)/N * S/g = S/2 per direction -> S on the NIC.
@@ -82,9 +82,11 @@ def test_hierarchical_allreduce_on_two_nodes_matches_formula():
     ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC
     assert e.candidates["ring/simple"] == pytest.approx(ring)
     assert set(e.candidates) == {"ring/simple", "tree/simple", "hierarchical/simple"}
-    # mixed A100/H100: no LL128 by default; LL is there
+    # mixed A100/H100: no LL128 by default; LL is there. Hierarchical is not NCCL's and only
+    # competes when named.
     full = estimate("AllReduce", MiB // 4, 4, [0, 1, 2, 3], -1, -1, topo)
-    assert "hierarchical/ll" in full.candidates and "ring/ll128" not in full.candidates
+    assert "ring/ll" in full.candidates and "ring/ll128" not in full.candidates
+    assert full.algorithm == "ring" and not any(k.startswith("hierarchical") for k in full.candidates)
     # every rank moves 2(n-1)/n of the payload, whatever the algorithm
     for r in range(4):
         assert sum(b for (s, _), b in e.transfers.items() if s == r) == 1.5 * MiB

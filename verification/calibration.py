@@ -12,17 +12,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
 
-# 2 nodes x 1 H100, four 400G NICs each (NVIDIA/nccl-tests issue 232)
-_EXTRA = {"h100-2node-1gpu-4nic": """
-version: 1
-cluster: {name: h100-2x1-4nic}
-nodes:
-  - {id: n0, host: a, ranks: [0], nics: 4, gpus: [{profile: h100}]}
-  - {id: n1, host: b, ranks: [1], nics: 4, gpus: [{profile: h100}]}
-fabric:
-  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}
-  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}
-"""}
+def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str) -> str:
+    lines = ["version: 1", f"cluster: {{name: {name}}}", "nodes:"]
+    for i in range(nodes):
+        ranks = list(range(i * gpus, (i + 1) * gpus))
+        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, "
+                     f"gpus: [{', '.join(['{profile: ' + profile + '}'] * gpus)}]}}")
+    lines += ["fabric:", f"  intra_node: {intra}", f"  inter_node: {inter}"]
+    return "\n".join(lines) + "\n"
+
+
+NVLINK4 = "{type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}"
+NVLINK3 = "{type: nvlink, bandwidth_gbps: 2400, latency_us: 3}"
+# PCIe Gen4 x16 per direction; NCCL's own Simple per-step PCIe latency (5.7 us)
+PCIE4 = "{type: pcie, bandwidth_gbps: 256, latency_us: 5.7}"
+NDR = "{type: infiniband, bandwidth_gbps: 400, latency_us: 5}"
+HDR = "{type: infiniband, bandwidth_gbps: 200, latency_us: 5}"
+
+# Clusters of the published results that no bundled config describes.
+_EXTRA = {
+    # NVIDIA/nccl-tests issue 232: 2 nodes x 1 H100, four 400G NICs each
+    "h100-2node-1gpu-4nic": _cluster("h100-2x1-4nic", 2, 1, "h100", NVLINK4, 4, NDR),
+    # aigatech/vpbenchmarking: 4 nodes x 8 H100, 8x 400G NDR per node
+    "h100-4node-8gpu-ib-8x400g": _cluster("h100-4x8-ndr", 4, 8, "h100", NVLINK4, 8, NDR),
+    # NVIDIA/nccl issue 1048: 2 nodes x 8 A100, 4x 200G HDR per node
+    "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
+    # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
+    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR),
+    # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
+    "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
+}
 
 
 def topology(name: str):
@@ -48,12 +67,16 @@ def rows(estimate=None) -> list[dict]:
             algos = None
             if rec["env"].startswith("NCCL_ALGO="):
                 algos = [a.lower() for a in rec["env"].split("=", 1)[1].split(",")]
-            e = estimate(kind, size // 4, 4, ranks, 0, -1, topo, algos) if algos else \
-                estimate(kind, size // 4, 4, ranks, 0, -1, topo)
+            per_rank = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
+            count = size // 4 // per_rank
+            e = estimate(kind, count, 4, ranks, 0, -1, topo, algos) if algos else \
+                estimate(kind, count, 4, ranks, 0, -1, topo)
             busbw = costmodel.busbw_gbs(kind, size, e.seconds, len(ranks))
-            published = float(rec["busbw_gbs"])
+            published = (float(rec["busbw_gbs"]) if rec["busbw_gbs"] else
+                         costmodel.busbw_gbs(kind, size, float(rec["time_us"]) * 1e-6, len(ranks)))
             out.append({**rec, "model_busbw": busbw, "algorithm": e.algorithm,
-                        "protocol": getattr(e, "protocol", "simple"), "error": busbw / published - 1})
+                        "protocol": getattr(e, "protocol", "simple"), "published_busbw": published,
+                        "error": busbw / published - 1})
     return out
 
 
@@ -65,10 +88,10 @@ def summary(table: list[dict]) -> tuple[float, float]:
 
 def main() -> int:
     table = rows()
-    print("| Hardware | Size | Published busbw | Model busbw | Model algo/proto | Error |")
+    print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error |")
     print("|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['hardware']} | {int(r['size_bytes'])} | {float(r['busbw_gbs']):.1f} | {r['model_busbw']:.1f} | "
+        print(f"| {r['hardware']} | {r['op']} | {int(r['size_bytes'])} | {r['published_busbw']:.3g} | {r['model_busbw']:.3g} | "
               f"{r['algorithm']}/{r['protocol']} | {r['error']:+.0%} |")
     within, median = summary(table)
     print(f"\n{len(table)} points: {within:.0%} within 20 %, median |error| {median:.1%}")
