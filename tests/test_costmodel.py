@@ -251,7 +251,7 @@ def test_errors():
         estimate("SendRecv", 10, 4, [0, 1], 0, 2, topo)
 
 
-# -- calibration against REFERENCE.md section 7 ----------------------------------------------
+# -- calibration against published results (verification/data/published_nccl_tests.csv) ----
 def test_calibration_8x_h100_ring_busbw():
     topo = cfg("h100-1node-8gpu-nvlink.yaml")
     e = estimate("AllReduce", 1 << 30, 4, list(range(8)), -1, -1, topo)
