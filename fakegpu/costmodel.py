@@ -328,8 +328,10 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
 def _ll128_capable(members: list[int], topo: "Topology") -> bool:
     """NCCL enables LL128 by default only on NVLink-connected GPUs of one (tested) generation."""
     gpus = {topo.gpu_of(r).name for r in members}
-    return (topo.intra_node.type in ("nvlink", "nvswitch") and len(gpus) == 1
-            and all(topo.gpu_of(r).nvlink_gbs for r in members))
+    if len(gpus) != 1:
+        return False
+    return _bridged_pair(topo, members) or (topo.intra_node.type in ("nvlink", "nvswitch")
+                                            and all(topo.gpu_of(r).nvlink_gbs for r in members))
 
 
 def _protocol_bandwidth_time(plan: _Plan, proto: str, simple_time: float, kind: str, size: int,
@@ -368,7 +370,11 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         if nbytes <= 0 or a == b:
             continue
         na, nb = topo.node_of(a), topo.node_of(b)
-        if na == nb:
+        bridge = topo.bridge_bytes_per_s(a, b) if na == nb else None
+        if bridge is not None:
+            # an NVLink bridge is its own link, beside the GPU's PCIe port
+            ends = ((("bridge_out", a), bridge * _eff("nvlink")), (("bridge_in", b), bridge * _eff("nvlink")))
+        elif na == nb:
             ends = ((("port_out", a), topo.gpu_port_bytes_per_s(a) * intra_eff),
                     (("port_in", b), topo.gpu_port_bytes_per_s(b) * intra_eff))
         elif plan.spread:
@@ -399,9 +405,14 @@ def _fixed(seconds: float) -> Callable[[str], float]:
     return lambda proto: seconds
 
 
+def _bridged_pair(topo: "Topology", members) -> bool:
+    """A communicator of exactly two GPUs joined by an NVLink bridge."""
+    return len(members) == 2 and topo.bridge_bytes_per_s(members[0], members[1]) is not None
+
+
 def _intra_kind(topo: "Topology", members) -> str:
     nvlink = topo.intra_node.type in ("nvlink", "nvswitch") and all(topo.gpu_of(r).nvlink_gbs for r in members)
-    return "nvlink" if nvlink else "pcie"
+    return "nvlink" if nvlink or _bridged_pair(topo, members) else "pcie"
 
 
 def _steps(topo: "Topology", members, algorithm: str, intra_steps: float, inter_steps: float) -> Callable[[str], float]:

@@ -1,10 +1,9 @@
 """The cost model against published nccl-tests results (verification/data/published_nccl_tests.csv).
 
 Guards today's level so a change that makes the model less faithful fails: on these 33 points
-64 % are within 20 % and the median |error| is 10.8 % (the model before this change: 58 %, 16.3 %).
+70 % are within 20 % and the median |error| is 10.3 % (the model before this change: 58 %, 16.3 %).
 Known gaps, kept in the table on purpose: a 2x1 H100 forced-Tree run that reached one NIC of
-four (+230..270 %), two H100 PCIe cards joined by an NVLink bridge modeled as PCIe (-56 %),
-broadcast on 8x H100 (+60 %), latency of 8x RTX 4090 on PCIe (+71 %).
+four (+230..270 %), broadcast on 8x H100 (+60 %), latency of 8x RTX 4090 on PCIe (+71 %).
 """
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ def test_model_against_published_nccl_tests():
     assert len(table) >= 25
     within, median = calibration.summary(table)
     print(f"\n{len(table)} published points: {within:.0%} within 20 %, median |error| {median:.1%}")
-    assert within >= 0.63
-    assert median <= 0.11
+    assert within >= 0.69
+    assert median <= 0.105
     # large allreduces on NVLink (SXM) systems, one node or several, stay within 12 %
     big = [r for r in table if int(r["size_bytes"]) >= 1 << 30 and "SXM" in r["hardware"]]
     assert len(big) >= 12

@@ -5,6 +5,7 @@ InfiniBand 0.92, TCP 0.85, NVLS 0.60 of the NVLink port with a 25 us base latenc
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -348,3 +349,46 @@ def test_model_command_errors(argv, message):
     assert r.returncode == 2
     assert message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+# -- NVLink bridges between PCIe cards ----------------------------------------------------------
+BRIDGED = """
+version: 1
+cluster: {name: h100pcie-bridged}
+nodes:
+  - id: n0
+    host: a
+    ranks: [0, 1, 2, 3]
+    nvlink_bridges: [[0, 1], [3, 2]]
+    gpus: [{profile: h100-pcie}, {profile: h100-pcie}, {profile: h100-pcie}, {profile: h100-pcie}]
+fabric:
+  intra_node: {type: pcie, bandwidth_gbps: 512, latency_us: 5.7}
+"""
+
+
+def test_nvlink_bridge_joins_two_pcie_cards():
+    topo = parse_cluster_config(BRIDGED)
+    S = 1 << 30
+    bridged = estimate("AllReduce", S // 4, 4, [0, 1], -1, -1, topo)
+    across = estimate("AllReduce", S // 4, 4, [1, 2], -1, -1, topo)
+    # bridge: 141 GB/s per direction at NVLink's 0.82 (NVIDIA/nccl-tests issue 194 measured ~116 busbw)
+    assert bridged.busbw_gbs == pytest.approx(141 * 0.82, rel=0.02)
+    # GPUs 1 and 2 have no bridge between them: PCIe Gen5 x16 at 0.80
+    assert across.busbw_gbs == pytest.approx(64 * 0.80, rel=0.02)
+    assert "ring/ll128" in bridged.candidates and "ring/ll128" not in across.candidates
+    assert topo.link(0, 1).type == "nvlink_bridge" and topo.link(1, 2).type == "pcie"
+    assert topo.link(2, 3).type == "nvlink_bridge"
+
+
+@pytest.mark.parametrize("bridges, message", [
+    ("[[0, 4]]", "GPU slot 4 does not exist (node 'n0' has 4 gpus, slots 0-3)"),
+    ("[[1, 1]]", "an NVLink bridge joins two different GPUs, got [1, 1]"),
+    ("[[0, 1], [1, 2]]", "GPU slot 1 is already bridged by nvlink_bridges[0]"),
+])
+def test_nvlink_bridge_errors(bridges, message):
+    from fakegpu.topology import ClusterConfigError
+    with pytest.raises(ClusterConfigError, match=re.escape(message)):
+        parse_cluster_config(BRIDGED.replace("[[0, 1], [3, 2]]", bridges))
+    h100 = BRIDGED.replace("h100-pcie", "h100").replace("[[0, 1], [3, 2]]", "[[0, 1]]")
+    with pytest.raises(ClusterConfigError, match=r"GPU slot 0 \(h100\) takes no NVLink bridge"):
+        parse_cluster_config(h100)

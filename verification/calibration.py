@@ -12,11 +12,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
 
-def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str) -> str:
+def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str,
+             bridges: str = "") -> str:
     lines = ["version: 1", f"cluster: {{name: {name}}}", "nodes:"]
     for i in range(nodes):
         ranks = list(range(i * gpus, (i + 1) * gpus))
-        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, "
+        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {bridges}"
                      f"gpus: [{', '.join(['{profile: ' + profile + '}'] * gpus)}]}}")
     lines += ["fabric:", f"  intra_node: {intra}", f"  inter_node: {inter}"]
     return "\n".join(lines) + "\n"
@@ -38,7 +39,8 @@ _EXTRA = {
     # NVIDIA/nccl issue 1048: 2 nodes x 8 A100, 4x 200G HDR per node
     "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
     # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
-    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR),
+    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
+                                    bridges="nvlink_bridges: [[0, 1]], "),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
 }

@@ -19,6 +19,8 @@ class GpuProfile:
     nvlink_gbs: Optional[float]     # per direction, through an NVSwitch; None = no switched NVLink
     pcie_gbs: float                 # per direction, x16 at the card's PCIe generation
     nvls: bool = False              # NVLink SHARP (in-switch reduction) available
+    # per direction, GB/s, over an NVLink bridge joining two cards (a node's `nvlink_bridges`)
+    nvlink_bridge_gbs: Optional[float] = None
 
     def intra_node_cap_gbs(self, fabric_type: str) -> float:
         """Most this GPU can push to a node-local peer on the given fabric type."""
@@ -34,6 +36,7 @@ class GpuProfile:
             "nvlink_gbs": self.nvlink_gbs,
             "pcie_gbs": self.pcie_gbs,
             "nvls": self.nvls,
+            "nvlink_bridge_gbs": self.nvlink_bridge_gbs,
         }
 
 
@@ -43,14 +46,16 @@ _CATALOGUE = [
     GpuProfile("a100", "NVIDIA A100 SXM4 40GB (NVLink3)", 40, 300.0, 32.0),
     GpuProfile("a100-80gb", "NVIDIA A100 SXM4 80GB (NVLink3)", 80, 300.0, 32.0),
     GpuProfile("h100", "NVIDIA H100 SXM5 80GB (NVLink4)", 80, 450.0, 64.0, nvls=True),
-    # The PCIe card's NVLink bridge joins two cards only, so the model treats it as PCIe.
-    GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, None, 64.0),
+    # The PCIe card's NVLink bridge joins two cards (a node's `nvlink_bridges`); NVIDIA quotes
+    # 600 GB/s both ways, and nccl-tests reaches 116 GB/s busbw over it (NVIDIA/nccl-tests issue
+    # 194), so the effective per-direction rate is 141 GB/s at NVLink's 0.82 efficiency.
+    GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, None, 64.0, nvlink_bridge_gbs=141.0),
     GpuProfile("h200", "NVIDIA H200 SXM 141GB (NVLink4)", 141, 450.0, 64.0, nvls=True),
     GpuProfile("b200", "NVIDIA B200 192GB (NVLink5)", 192, 900.0, 64.0, nvls=True),
     GpuProfile("l40s", "NVIDIA L40S 48GB (PCIe only)", 48, None, 32.0),
     GpuProfile("rtx4090", "NVIDIA GeForce RTX 4090 24GB (PCIe only)", 24, None, 32.0),
-    # The 3090 Ti's NVLink bridge is a two-card link, not switched; PCIe in the model.
-    GpuProfile("rtx3090ti", "NVIDIA GeForce RTX 3090 Ti 24GB", 24, None, 32.0),
+    # The 3090 Ti's NVLink bridge (112.5 GB/s both ways) joins two cards: `nvlink_bridges`.
+    GpuProfile("rtx3090ti", "NVIDIA GeForce RTX 3090 Ti 24GB", 24, None, 32.0, nvlink_bridge_gbs=56.25),
     GpuProfile("rtx-pro-5000-blackwell", "NVIDIA RTX PRO 5000 Blackwell 48GB (PCIe Gen5)", 48, None, 64.0),
 ]
 
