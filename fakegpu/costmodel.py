@@ -174,6 +174,14 @@ STEP_RATIO = {
     "pcie": {"ll": 1.0 / 5.7, "ll128": 2.5 / 5.7, "simple": 1.0},
     "net": {"ll": 2.7 / 14.0, "ll128": 4.0 / 14.0, "simple": 1.0},
 }
+# Tree steps use NCCL's tree row (NVLink {0.6, 1.25}, PCIe {1.0, 1.9}, network {5.0, 8.5} us for
+# LL / LL128), over the same Simple ring normalizers. Tree/Simple keeps the link's own step
+# latency (NCCL charges 28 us there, a chunk-size stand-in the model does not need).
+TREE_STEP_RATIO = {
+    "nvlink": {"ll": 0.6 / 3.4, "ll128": 1.25 / 3.4, "simple": 1.0},
+    "pcie": {"ll": 1.0 / 5.7, "ll128": 1.9 / 5.7, "simple": 1.0},
+    "net": {"ll": 5.0 / 14.0, "ll128": 8.5 / 14.0, "simple": 1.0},
+}
 # NCCL's base latency (us) per algorithm and protocol (kernel launch and protocol set-up).
 BASE_LATENCY_US = {
     "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
@@ -424,10 +432,11 @@ def _steps(topo: "Topology", members, algorithm: str, intra_steps: float, inter_
     a_inter = topo.inter_node.latency_us * 1e-6
     multi = inter_steps > 0
     base = BASE_LATENCY_US.get(algorithm, BASE_LATENCY_US["ring"])
+    ratio = TREE_STEP_RATIO if algorithm == "tree" else STEP_RATIO
 
     def latency(proto: str) -> float:
-        intra = a_intra * STEP_RATIO[kind][proto] * (1.8 if multi and proto == "ll" else 1.0)
-        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * a_inter * STEP_RATIO["net"][proto]
+        intra = a_intra * ratio[kind][proto] * (1.8 if multi and proto == "ll" else 1.0)
+        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * a_inter * ratio["net"][proto]
     return latency
 
 
