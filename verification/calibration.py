@@ -63,7 +63,8 @@ def rows(estimate=None) -> list[dict]:
     with open(DATA, newline="") as fh:
         for rec in csv.DictReader(fh):
             topo = topology(rec["cluster"])
-            ranks = [r for node in topo.nodes for r in node.ranks]
+            # the first gpus_per_node GPUs of the first `nodes` nodes
+            ranks = [r for node in topo.nodes[:int(rec["nodes"])] for r in node.ranks[:int(rec["gpus_per_node"])]]
             kind = OPS[rec["op"]]
             size = int(rec["size_bytes"])
             algos = None
@@ -71,8 +72,9 @@ def rows(estimate=None) -> list[dict]:
                 algos = [a.lower() for a in rec["env"].split("=", 1)[1].split(",")]
             per_rank = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
             count = size // 4 // per_rank
-            e = estimate(kind, count, 4, ranks, 0, -1, topo, algos) if algos else \
-                estimate(kind, count, 4, ranks, 0, -1, topo)
+            peer = 1 if kind == "SendRecv" else -1   # sendrecv_perf with 2 GPUs: 0 -> 1
+            e = estimate(kind, count, 4, ranks, 0, peer, topo, algos) if algos else \
+                estimate(kind, count, 4, ranks, 0, peer, topo)
             busbw = costmodel.busbw_gbs(kind, size, e.seconds, len(ranks))
             published = (float(rec["busbw_gbs"]) if rec["busbw_gbs"] else
                          costmodel.busbw_gbs(kind, size, float(rec["time_us"]) * 1e-6, len(ranks)))
