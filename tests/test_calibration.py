@@ -1,10 +1,10 @@
 """The cost model against published nccl-tests results (verification/data/published_nccl_tests.csv).
 
-Guards today's level so a change that makes the model less faithful fails: on these 34 points
-68 % are within 20 % and the median |error| is 10.4 % (the model before this change: 56 %, 17.2 %).
+Guards today's level so a change that makes the model less faithful fails: on these 36 points
+67 % are within 20 % and the median |error| is 10.4 % (the model before this change: 53 %, 18.3 %).
 Known gaps, kept in the table on purpose: a 2x1 H100 forced-Tree run that reached one NIC of
 four (+230..270 %), broadcast on 8x H100 (+60 %), latency of 8x RTX 4090 on PCIe (+71 %),
-2x H100 sendrecv (+62 %).
+2x H100 sendrecv (+62 %), 8x RTX 5090 (+25 %).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_model_against_published_nccl_tests():
     assert len(table) >= 25
     within, median = calibration.summary(table)
     print(f"\n{len(table)} published points: {within:.0%} within 20 %, median |error| {median:.1%}")
-    assert within >= 0.67
+    assert within >= 0.66
     assert median <= 0.105
     # large allreduces on NVLink (SXM) systems, one node or several, stay within 12 %
     big = [r for r in table if int(r["size_bytes"]) >= 1 << 30 and "SXM" in r["hardware"] and r["op"] == "allreduce"]

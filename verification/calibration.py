@@ -41,6 +41,8 @@ _EXTRA = {
     # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
     "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
                                     bridges="nvlink_bridges: [[0, 1]], "),
+    # NVIDIA/nccl issue 1639: 8x RTX 5090 on PCIe 5
+    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
 }
