@@ -393,3 +393,22 @@ def test_nvlink_bridge_errors(bridges, message):
     h100 = BRIDGED.replace("h100-pcie", "h100").replace("[[0, 1], [3, 2]]", "[[0, 1]]")
     with pytest.raises(ClusterConfigError, match=r"GPU slot 0 \(h100\) takes no NVLink bridge"):
         parse_cluster_config(h100)
+
+
+def test_model_command_proto_and_environment():
+    import json
+    import subprocess
+    import sys
+    root = CONFIGS.parent
+    forced = _model("a100-1node-8gpu-nvlink", "--algo", "ring", "--proto", "ll128", "-b", "8", "-e", "1G", "-f", "64")
+    assert forced.returncode == 0, forced.stderr
+    assert "# --algo ring" in forced.stdout and "# --proto ll128" in forced.stdout
+    rows = [line.split() for line in forced.stdout.splitlines() if not line.startswith("#") and line.split()[0].isdigit()]
+    assert rows and all(r[5:7] == ["ring", "ll128"] for r in rows)
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}
+    out = subprocess.run([sys.executable, "-m", "fakegpu", "model", "a100-1node-8gpu-nvlink", "-b", "1M", "-e", "1M",
+                          "--json"], capture_output=True, text=True, cwd=root, env=env, timeout=60)
+    (row,) = json.loads(out.stdout)["rows"]
+    assert (row["algorithm"], row["protocol"]) == ("tree", "ll") and set(row["candidates_us"]) == {"tree/ll"}
+    bad = _model("--proto", "ll256")
+    assert bad.returncode == 2 and "--proto: unknown protocol 'll256'" in bad.stderr

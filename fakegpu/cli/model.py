@@ -207,6 +207,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu model") -> int:
         return 0
     print(f"# fakegpu model: {topo.name}, {kind} over {len(members)} ranks on {nodes} node(s), "
           f"{args.dtype} (modeled, not measured)")
+    import os
+    for flag, value, env in (("--algo", args.algo, "NCCL_ALGO"), ("--proto", args.proto, "NCCL_PROTO")):
+        if value is not None:
+            print(f"# {flag} {value}")
+        elif os.environ.get(env):
+            print(f"# {env}={os.environ[env]} (from the environment)")
     head = f"{'size':>12} {'count':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  {'algorithm':<12} {'protocol':<8}"
     print(head + ("  candidates (us)" if args.candidates else ""))
     for row in table:
