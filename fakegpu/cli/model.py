@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from fakegpu import costmodel
@@ -90,9 +92,6 @@ def _size(text: str, what: str) -> int:
 
 def _config_path(text: str) -> str:
     """The YAML as given, or a bundled cluster_configs/ entry named bare ("h100-1node-8gpu-nvlink")."""
-    import os
-    from pathlib import Path
-
     if os.path.exists(text) or os.sep in text:
         return text
     bundled = Path(__file__).resolve().parents[2] / "cluster_configs"
@@ -207,7 +206,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu model") -> int:
         return 0
     print(f"# fakegpu model: {topo.name}, {kind} over {len(members)} ranks on {nodes} node(s), "
           f"{args.dtype} (modeled, not measured)")
-    import os
     for flag, value, env in (("--algo", args.algo, "NCCL_ALGO"), ("--proto", args.proto, "NCCL_PROTO")):
         if value is not None:
             print(f"# {flag} {value}")
