@@ -97,3 +97,16 @@ def test_sigterm_mid_run_leaves_a_valid_report(shim_library, tmp_path):
             os.killpg(ranks.pid, signal.SIGKILL)
             ranks.wait(10)
         coordinator.stop()
+
+
+def test_nccl_algo_and_proto_reach_the_coordinators_model(shim_library, tmp_path):
+    """NCCL_ALGO / NCCL_PROTO set for the job pick the algorithm the report models, as in NCCL."""
+    report = tmp_path / "forced.json"
+    cmd = [sys.executable, "-m", "fakegpu", "bandwidth", "--ranks", "4", "--op", "allreduce", "--size", "1M",
+           "-n", "2", "-w", "0", "--cluster-config", str(CONFIG), "--cluster-report", str(report)]
+    proc = subprocess.run(cmd, env=_env(shim_library, NCCL_ALGO="Tree", NCCL_PROTO="LL"), capture_output=True,
+                          text=True, timeout=240, cwd=str(REPO_ROOT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = json.loads(report.read_text())
+    big = [o for o in d["timeline"]["operations"] if o["kind"] == "AllReduce" and o["logical_bytes"] == 1 << 20]
+    assert big and all(o["algorithm"] == "tree" for o in big)
