@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "report": ("fakegpu.cli.report", "check or show a cluster report"),
     "run": ("fakegpu.cli.run", "launch a command under fakegpu (same as `fgpu`)"),
     "doctor": ("fakegpu.cli.doctor", "show the environment fgpu would set and check the shim"),
+    "model": ("fakegpu.cli.model", "the cost model's nccl-tests table for a cluster YAML (nothing runs)"),
     "demo": ("fakegpu.cli.demo", "train a small model on 4 CPU ranks over a 2-node topology"),
     "fake": ("fakegpu.fake.cli", "fake worlds: launch contract, event -> report, memory compare, example"),
 }

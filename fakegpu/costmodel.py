@@ -15,13 +15,13 @@ import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from fakegpu.topology import Topology
 
 # Fraction of line rate NCCL's Simple protocol reaches on each fabric, fitted to the
-# published nccl-tests numbers in REFERENCE.md section 7 (see docs/cost-model.md).
+# published nccl-tests numbers in verification/data/published_nccl_tests.csv (docs/cost-model.md).
 EFFICIENCY = {
     "nvlink": 0.82,
     "nvswitch": 0.82,
@@ -32,6 +32,10 @@ EFFICIENCY = {
     "ethernet": 0.85,
     "tcp": 0.85,
 }
+# Point-to-point over NVLink reaches less than the collectives: NCCL gives a peer fewer channels.
+# 0.65 makes 8x A100 send/recv match the figure quoted in issue 12 (the collectives' 0.82 was
+# +26 %); 2x H100 sendrecv_perf plateaus lower still (~180 GB/s, NVIDIA/nccl-tests issue 268).
+P2P_EFFICIENCY = {"nvlink": 0.65, "nvswitch": 0.65}
 # NVLink SHARP allreduce: algbw as a fraction of one GPU's NVLink line rate (fit to 8x H100
 # NVLS busbw ~474 GB/s at 4 GB: algbw = 474 * 8 / 14 = 271 GB/s of 450).
 NVLS_EFFICIENCY = 0.60
@@ -41,10 +45,33 @@ NVLS_TREE_EFFICIENCY = 0.555
 # NVLS pays a fixed set-up cost per call (multicast objects, switch reduction); fitted so
 # small messages prefer ring/tree as they do on real H100 systems.
 NVLS_BASE_LATENCY_S = 25e-6
+# What nccl-tests measures and NCCL's tuner leaves out: launching the kernel and the host's
+# enqueue per call (fitted: 8x A100 8 B allreduce 20 us published, 2x8 H100 ~25 us).
+LAUNCH_OVERHEAD_S = 4e-6
+# NVLS-tree beyond two nodes: fraction of the rails' rate it reaches (NCCL halves it; the
+# issue-12 figures for 4 and 8 nodes of 8x H100, 366 and 321 GB/s busbw, give ~0.75).
+NVLS_TREE_INTER_SCALE = 0.75
 
 KINDS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter", "SendRecv")
 _KIND_BY_KEY = {k.lower(): k for k in KINDS}
 _KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", "sendrecv": "SendRecv"})
+
+
+# Every algorithm name an Estimate can carry (besides "local" for free operations).
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pairwise", "direct")
+# Algorithms that are not NCCL's and are only considered when asked for by name: "hierarchical"
+# (reduce-scatter in the node, allreduce per rail, allgather in the node) moves half a ring's
+# bytes between nodes, which NCCL's ring and tree do not achieve without NVLS; letting it compete
+# made 2x8 A100 over 4 HDR NICs +100 % and 4x8 H100 +23 % against published results.
+NOT_NCCL = ("hierarchical",)
+
+
+def _check_algorithm(name: str) -> str:
+    key = str(name).strip().lower().replace("-", "_")
+    key = {"nvlstree": "nvls_tree"}.get(key, key)
+    if key not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    return key
 
 
 def normalize_kind(kind: str) -> str:
@@ -60,7 +87,7 @@ def is_collective(kind: str) -> bool:
     return normalize_kind(kind) != "SendRecv"
 
 
-# -- nccl-tests conventions (REFERENCE.md section 4) ------------------------------------
+# -- nccl-tests conventions (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) --
 def logical_bytes(kind: str, count: int, elem_size: int, n: int) -> int:
     """S, the payload size nccl-tests divides by time to get algbw."""
     kind = normalize_kind(kind)
@@ -103,7 +130,9 @@ class Estimate:
     transfers: dict[tuple[int, int], int] = field(default_factory=dict)
     # bytes per directed (src node index, dst node index); src == dst is node-local traffic
     node_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    # modeled seconds of every (algorithm/protocol) candidate, e.g. {"ring/ll": 1.2e-5, ...}
     candidates: dict[str, float] = field(default_factory=dict)
+    protocol: str = "simple"
 
     @property
     def algbw_gbs(self) -> float:
@@ -124,13 +153,112 @@ class Estimate:
 
 @dataclass
 class _Plan:
-    """One algorithm's transfers and latency before timing."""
+    """One algorithm's transfers and latency before timing.
+
+    ``latency_s`` is a function of the protocol: NCCL's base latency for (algorithm, protocol)
+    plus the plan's intra-node and inter-node steps at that protocol's per-step latency.
+    """
     algorithm: str
     edges: dict[tuple[int, int], float]
-    latency_s: float
+    latency_s: "Callable[[str], float]"
     spread: bool = True          # inter-node edges share all NICs (ring/tree channels) vs own rail
     rounds: int = 0              # >0: store-and-forward rounds (binomial tree), not pipelined
     intra_eff: Optional[float] = None   # overrides the fabric efficiency (NVLS)
+    inter_scale: float = 1.0     # fraction of the NIC rate the plan gets (NVLS-tree beyond 2 nodes)
+    protocols: tuple[str, ...] = ("simple",)
+
+
+# -- protocols (NCCL's src/graph/tuning.cc, https://github.com/NVIDIA/nccl) -------------------
+PROTOCOLS = ("ll", "ll128", "simple")
+# Per-step latency of a link at each protocol, as a fraction of its Simple per-step latency (the
+# YAML's latency_us): NCCL's ring hwLat table, NVLink {0.6, 1.9, 3.4} us, PCIe {1.0, 2.5, 5.7},
+# network {2.7, 4.0, 14.0}.
+STEP_RATIO = {
+    "nvlink": {"ll": 0.6 / 3.4, "ll128": 1.9 / 3.4, "simple": 1.0},
+    "pcie": {"ll": 1.0 / 5.7, "ll128": 2.5 / 5.7, "simple": 1.0},
+    "net": {"ll": 2.7 / 14.0, "ll128": 4.0 / 14.0, "simple": 1.0},
+}
+# Tree steps use NCCL's tree row (NVLink {0.6, 1.25}, PCIe {1.0, 1.9}, network {5.0, 8.5} us for
+# LL / LL128), over the same Simple ring normalizers. Tree/Simple keeps the link's own step
+# latency (NCCL charges 28 us there, a chunk-size stand-in the model does not need).
+TREE_STEP_RATIO = {
+    "nvlink": {"ll": 0.6 / 3.4, "ll128": 1.25 / 3.4, "simple": 1.0},
+    "pcie": {"ll": 1.0 / 5.7, "ll128": 1.9 / 5.7, "simple": 1.0},
+    "net": {"ll": 5.0 / 14.0, "ll128": 8.5 / 14.0, "simple": 1.0},
+}
+# NCCL's base latency (us) per algorithm and protocol (kernel launch and protocol set-up).
+BASE_LATENCY_US = {
+    "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
+    "tree": {"ll": 6.8, "ll128": 14.0, "simple": 0.0},
+    "hierarchical": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
+}
+# Bandwidth of each protocol relative to Simple (LL moves 8 bytes per 16 on the wire and is
+# limited by its flag polling; LL128 120 of every 128). Ring LL: 1/4 for AllReduce, Reduce and
+# anything spanning nodes, else 1/3. Tree LL 1/3.8, tree LL128 7/9 on one node, 0.915 across.
+LL128_RING = 0.92
+# LL's busbw ceiling (GB/s): one node (by GPU generation), two nodes, more than two.
+LL_MAX_BUSBW_GBS = {"one_node": 87.7, "two_nodes": 39.0, "more_nodes": 20.4}
+# NCCL's tree correction for mid sizes (power-of-two sizes 64 B .. 128 MB, per protocol).
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
+}
+# Multi-node ring AllReduce with Simple reaches a latency plateau once the message is large
+# enough (NCCL multiplies its latency by 1.9 from nranks/16 x 64 KiB up).
+RING_PLATEAU = 1.9
+
+
+def _check_protocol(name: str) -> str:
+    key = str(name).strip().lower()
+    if key not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {name!r}; expected one of {', '.join(PROTOCOLS)}")
+    return key
+
+
+# NCCL_ALGO names -> the model's algorithms (CollNet and PAT are not modeled; "hierarchical" may
+# be named too, it is the model's own).
+_NCCL_ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "hierarchical": ("hierarchical",), "nvls": ("nvls",),
+                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ()}
+
+
+def _parse_nccl_list(text: str, kind: str, names: dict[str, tuple[str, ...]]) -> Optional[set[str]]:
+    """NCCL_ALGO / NCCL_PROTO syntax: "a,b", "^a" (all but a), "allreduce:tree;ring" (per function)."""
+    chosen = None
+    for item in str(text).split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        if ":" in item:
+            func, item = item.split(":", 1)
+            if normalize_kind(func) != kind:
+                continue
+            chosen = item
+            break
+        if chosen is None:
+            chosen = item
+    if chosen is None:
+        return None
+    exclude = chosen.startswith("^")
+    listed: set[str] = set()
+    for token in chosen.lstrip("^").split(","):
+        token = token.strip().lower().replace("_", "")
+        if token:
+            listed.update(names.get(token, ()))
+    every = {a for group in names.values() for a in group}
+    return every - listed if exclude else listed
+
+
+def tuning_from_env(kind: str, environ=None) -> tuple[Optional[set[str]], Optional[set[str]]]:
+    """The algorithms and protocols NCCL_ALGO and NCCL_PROTO allow for ``kind`` (None: unset)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    kind = normalize_kind(kind)
+    algos = _parse_nccl_list(env["NCCL_ALGO"], kind, _NCCL_ALGO_NAMES) if env.get("NCCL_ALGO") else None
+    protos = (_parse_nccl_list(env["NCCL_PROTO"], kind, {p: (p,) for p in PROTOCOLS})
+              if env.get("NCCL_PROTO") else None)
+    return algos, protos
 
 
 # -- the model ----------------------------------------------------------------------------
@@ -141,11 +269,16 @@ def estimate_seconds(kind: str, count: int, elem_size: int, global_ranks: Sequen
 
 
 def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
-             root: int, peer: int, topology: "Topology") -> Estimate:
+             root: int, peer: int, topology: "Topology",
+             algorithms: Optional[Collection[str]] = None,
+             protocols: Optional[Collection[str]] = None) -> Estimate:
     """Fastest algorithm's time and its per-transfer bytes for one operation.
 
     ``root`` and ``peer`` are ranks in the communicator (index into ``global_ranks``):
     the root of rooted collectives, or sender (root) and receiver (peer) of a SendRecv.
+    ``algorithms`` and ``protocols`` restrict the choice (names in ALGORITHMS, PROTOCOLS); left
+    out, NCCL_ALGO and NCCL_PROTO in the environment do, as in NCCL. When nothing allowed applies
+    to this operation the full choice is used, as NCCL falls back when a setting excludes all.
     """
     kind = normalize_kind(kind)
     members = [int(r) for r in global_ranks]
@@ -162,25 +295,78 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         raise ValueError(f"SendRecv needs a receiver rank in 0..{n - 1}, got {peer}")
     size = logical_bytes(kind, count, elem_size, n)
     plans = _plans(kind, count * elem_size, members, root, peer, topology)
+    env_algos, env_protos = tuning_from_env(kind) if algorithms is None or protocols is None else (None, None)
+    wanted_algos = {_check_algorithm(a) for a in algorithms} if algorithms is not None else env_algos
+    wanted_protos = {_check_protocol(p) for p in protocols} if protocols is not None else env_protos
+    if wanted_algos is not None:
+        # NCCL falls back to what it has when the setting excludes every algorithm that applies.
+        plans = ([p for p in plans if p.algorithm in wanted_algos]
+                 or [p for p in plans if p.algorithm not in NOT_NCCL] or plans)
+    else:
+        plans = [p for p in plans if p.algorithm not in NOT_NCCL] or plans
     if not plans or count == 0:
         return Estimate(kind, "local", 0.0, 0.0, 0.0, size, n)
 
-    best: Optional[tuple[float, float, _Plan]] = None
+    nnodes = len({topology.node_of(r) for r in members})
+    ll128_ok = _ll128_capable(members, topology)
+    best: Optional[tuple[float, float, float, _Plan, str]] = None
     candidates: dict[str, float] = {}
     for plan in plans:
-        bw_time = _bandwidth_time(plan, topology)
-        total = plan.latency_s + bw_time
-        candidates[plan.algorithm] = total
-        if best is None or total < best[0]:
-            best = (total, bw_time, plan)
+        simple_bw_time = _bandwidth_time(plan, topology)
+        protos = [p for p in plan.protocols if p != "ll128" or ll128_ok or (wanted_protos and "ll128" in wanted_protos)]
+        if wanted_protos is not None:
+            protos = [p for p in protos if p in wanted_protos] or protos
+        for proto in protos:
+            bw_time = _protocol_bandwidth_time(plan, proto, simple_bw_time, kind, size, n, nnodes)
+            latency = plan.latency_s(proto)
+            if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
+                    and count * elem_size >= n / 16.0 * 65536):
+                latency *= RING_PLATEAU
+            latency += LAUNCH_OVERHEAD_S
+            total = latency + bw_time
+            candidates[f"{plan.algorithm}/{proto}"] = total
+            if best is None or total < best[0]:
+                best = (total, latency, bw_time, plan, proto)
     assert best is not None
-    total, bw_time, plan = best
+    total, latency, bw_time, plan, proto = best
     transfers = {edge: int(round(b)) for edge, b in plan.edges.items() if b > 0}
     node_bytes: dict[tuple[int, int], int] = defaultdict(int)
     for (a, b), nbytes in transfers.items():
         node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
-    return Estimate(kind, plan.algorithm, total, plan.latency_s, bw_time, size, n,
-                    transfers, dict(node_bytes), candidates)
+    return Estimate(kind, plan.algorithm, total, latency, bw_time, size, n,
+                    transfers, dict(node_bytes), candidates, proto)
+
+
+def _ll128_capable(members: list[int], topo: "Topology") -> bool:
+    """NCCL enables LL128 by default only on NVLink-connected GPUs of one (tested) generation."""
+    gpus = {topo.gpu_of(r).name for r in members}
+    if len(gpus) != 1:
+        return False
+    return _bridged_pair(topo, members) or (topo.intra_node.type in ("nvlink", "nvswitch")
+                                            and all(topo.gpu_of(r).nvlink_gbs for r in members))
+
+
+def _protocol_bandwidth_time(plan: _Plan, proto: str, simple_time: float, kind: str, size: int,
+                             n: int, nnodes: int) -> float:
+    """The plan's transfer time at ``proto``, from its Simple time (NCCL's per-protocol factors)."""
+    t = simple_time
+    if plan.algorithm in ("ring", "hierarchical"):
+        if proto == "ll":
+            t *= 4.0 if (nnodes > 1 or kind in ("AllReduce", "Reduce")) else 3.0
+        elif proto == "ll128":
+            t /= LL128_RING
+    elif plan.algorithm == "tree" and not plan.rounds:
+        if proto == "ll":
+            t *= 3.8
+        elif proto == "ll128":
+            t /= (7.0 / 9.0) if nnodes == 1 else 0.915
+        log_size = int(math.log2(max(size, 64) // 64))
+        if log_size < len(TREE_CORRECTION[proto]):
+            t /= TREE_CORRECTION[proto][log_size]
+    if proto == "ll" and t > 0:
+        cap = LL_MAX_BUSBW_GBS["one_node" if nnodes == 1 else "two_nodes" if nnodes == 2 else "more_nodes"]
+        t = max(t, size * busbw_factor(kind, n) / (cap * 1e9))
+    return t
 
 
 def _eff(fabric_type: str) -> float:
@@ -189,6 +375,9 @@ def _eff(fabric_type: str) -> float:
 
 def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
     intra_eff = plan.intra_eff if plan.intra_eff is not None else _eff(topo.intra_node.type)
+    if plan.algorithm in ("direct", "pairwise") and plan.intra_eff is None:
+        # point-to-point (send/recv, all-to-all, gather/scatter) has its own efficiency
+        intra_eff = P2P_EFFICIENCY.get(topo.intra_node.type, intra_eff)
     inter_eff = _eff(topo.inter_node.type)
     load: dict[tuple, float] = defaultdict(float)
     capacity: dict[tuple, float] = {}
@@ -196,7 +385,11 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         if nbytes <= 0 or a == b:
             continue
         na, nb = topo.node_of(a), topo.node_of(b)
-        if na == nb:
+        bridge = topo.bridge_bytes_per_s(a, b) if na == nb else None
+        if bridge is not None:
+            # an NVLink bridge is its own link, beside the GPU's PCIe port
+            ends = ((("bridge_out", a), bridge * _eff("nvlink")), (("bridge_in", b), bridge * _eff("nvlink")))
+        elif na == nb:
             ends = ((("port_out", a), topo.gpu_port_bytes_per_s(a) * intra_eff),
                     (("port_in", b), topo.gpu_port_bytes_per_s(b) * intra_eff))
         elif plan.spread:
@@ -205,8 +398,8 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         else:
             ra = topo.local_index(a) % topo.nodes[na].nics
             rb = topo.local_index(b) % topo.nodes[nb].nics
-            ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff),
-                    (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff))
+            ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff * plan.inter_scale),
+                    (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff * plan.inter_scale))
         if na != nb:
             # slow_link faults (docs/faults.md): the pair's bytes count factor times.
             nbytes *= topo.link_factor(na, nb)
@@ -220,6 +413,42 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         per_round = max(plan.edges.values())
         return plan.rounds * per_round / min(capacity.values())
     return max(load[key] / capacity[key] for key in load)
+
+
+def _fixed(seconds: float) -> Callable[[str], float]:
+    """Latency of a Simple-only plan (the same whatever protocol is asked)."""
+    return lambda proto: seconds
+
+
+def _bridged_pair(topo: "Topology", members) -> bool:
+    """A communicator of exactly two GPUs joined by an NVLink bridge."""
+    return len(members) == 2 and topo.bridge_bytes_per_s(members[0], members[1]) is not None
+
+
+def _intra_kind(topo: "Topology", members) -> str:
+    nvlink = topo.intra_node.type in ("nvlink", "nvswitch") and all(topo.gpu_of(r).nvlink_gbs for r in members)
+    return "nvlink" if nvlink or _bridged_pair(topo, members) else "pcie"
+
+
+def _steps(topo: "Topology", members, algorithm: str, intra_steps: float, inter_steps: float) -> Callable[[str], float]:
+    """NCCL's latency: base(algorithm, protocol) + intra-node steps x the node-local per-step latency
+    + inter-node steps x the network's, each scaled to the protocol (STEP_RATIO); LL's node-local
+    steps cost 1.8x when the communicator spans nodes."""
+    kind = _intra_kind(topo, members)
+    a_intra = topo.intra_node.latency_us * 1e-6
+    a_inter = topo.inter_node.latency_us * 1e-6
+    multi = inter_steps > 0
+    base = BASE_LATENCY_US.get(algorithm, BASE_LATENCY_US["ring"])
+    ratio = TREE_STEP_RATIO if algorithm == "tree" else STEP_RATIO
+
+    def latency(proto: str) -> float:
+        intra = a_intra * ratio[kind][proto] * (1.8 if multi and proto == "ll" else 1.0)
+        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * a_inter * ratio["net"][proto]
+    return latency
+
+
+def _node_count(topo: "Topology", members) -> int:
+    return len({topo.node_of(r) for r in members})
 
 
 def _alpha(topo: "Topology", a: int, b: int) -> float:
@@ -248,17 +477,21 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         src, dst = members[root], members[peer]
         if src == dst:
             return []
-        return [_Plan("direct", {(src, dst): c}, _alpha(topo, src, dst), spread=False)]
+        return [_Plan("direct", {(src, dst): c}, _fixed(_alpha(topo, src, dst)), spread=False)]
     if n == 1:
         return []
     order = _ring_order(members, topo)
     ring = _ring_edges(order)
-    ring_alpha = _max_alpha(topo, ring)
+    nnodes = _node_count(topo, members)
+    protos = PROTOCOLS
     plans: list[_Plan] = []
 
     if kind == "AllReduce":
         per_edge = 2.0 * (n - 1) / n * c
-        plans.append(_Plan("ring", {e: per_edge for e in ring}, 2 * (n - 1) * ring_alpha))
+        # a chunk's path around the ring: 2(n-1) hops, 2N of them between nodes (NCCL's count)
+        inter = min(2 * nnodes, 2 * (n - 1)) if nnodes > 1 else 0
+        plans.append(_Plan("ring", {e: per_edge for e in ring},
+                           _steps(topo, members, "ring", 2 * (n - 1) - inter, inter), protocols=protos))
         if n > 2:
             plans.append(_double_binary_tree(order, c, topo))
         hier = _hierarchical(order, c, topo)
@@ -267,7 +500,9 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         plans.extend(_nvls(order, c, topo))
     elif kind in ("AllGather", "ReduceScatter"):
         per_edge = (n - 1) * c   # (n-1)/n of the total n*c
-        plans.append(_Plan("ring", {e: per_edge for e in ring}, (n - 1) * ring_alpha))
+        inter = nnodes - 1
+        plans.append(_Plan("ring", {e: per_edge for e in ring},
+                           _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos))
     elif kind in ("Broadcast", "Reduce"):
         root_g = members[root]
         start = order.index(root_g)
@@ -275,16 +510,17 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         links = [(chain[i], chain[i + 1]) for i in range(n - 1)]
         if kind == "Reduce":
             links = [(b, a) for a, b in links]
-        latency = sum(_alpha(topo, a, b) for a, b in links)
-        plans.append(_Plan("ring", {e: c for e in links}, latency))
+        inter = sum(1 for a, b in links if not topo.same_node(a, b))
+        plans.append(_Plan("ring", {e: c for e in links}, _steps(topo, members, "ring", len(links) - inter, inter),
+                           protocols=protos))
         tree_links, rounds = _binomial(chain)
         if kind == "Reduce":
             tree_links = [(b, a) for a, b in tree_links]
-        plans.append(_Plan("tree", {e: c for e in tree_links}, rounds * _max_alpha(topo, tree_links),
+        plans.append(_Plan("tree", {e: c for e in tree_links}, _fixed(rounds * _max_alpha(topo, tree_links)),
                            rounds=rounds))
     elif kind == "AlltoAll":
         edges = {(a, b): c for a in members for b in members if a != b}
-        plans.append(_Plan("pairwise", edges, (n - 1) * _max_alpha(topo, edges), spread=False))
+        plans.append(_Plan("pairwise", edges, _fixed((n - 1) * _max_alpha(topo, edges)), spread=False))
     elif kind in ("Gather", "Scatter"):
         root_g = members[root]
         others = [r for r in members if r != root_g]
@@ -292,7 +528,7 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
             edges = {(r, root_g): c for r in others}
         else:
             edges = {(root_g, r): c for r in others}
-        plans.append(_Plan("direct", edges, _max_alpha(topo, edges), spread=False))
+        plans.append(_Plan("direct", edges, _fixed(_max_alpha(topo, edges)), spread=False))
     return plans
 
 
@@ -310,8 +546,11 @@ def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
             child, parent = ranks[i], ranks[(i - 1) // 2]
             _add(edges, child, parent, c / 2)   # reduce up
             _add(edges, parent, child, c / 2)   # broadcast down
-    depth = int(math.floor(math.log2(n)))
-    return _Plan("tree", edges, 2 * depth * _max_alpha(topo, edges))
+    # NCCL's tree latency: a chain of g-1 node-local hops and log2(N) network hops, up and down
+    nnodes = _node_count(topo, order)
+    g = n / nnodes
+    inter = math.ceil(math.log2(nnodes)) if nnodes > 1 else 0
+    return _Plan("tree", edges, _steps(topo, order, "tree", 2 * (g - 1), 2 * inter), protocols=PROTOCOLS)
 
 
 def _binomial(chain: list[int]) -> tuple[list[tuple[int, int]], int]:
@@ -356,9 +595,8 @@ def _hierarchical(order: list[int], c: float, topo: "Topology") -> Optional[_Pla
         rail = [members[j] for members in groups]
         for a, b in _ring_edges(rail):
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
-    a_intra = topo.intra_node.latency_us * 1e-6
-    a_inter = topo.inter_node.latency_us * 1e-6
-    return _Plan("hierarchical", edges, 2 * (g - 1) * a_intra + 2 * (nn - 1) * a_inter, spread=False)
+    return _Plan("hierarchical", edges, _steps(topo, order, "hierarchical", 2 * (g - 1), 2 * (nn - 1)),
+                 spread=False, protocols=PROTOCOLS)
 
 
 def _nvls_capable(order: list[int], topo: "Topology") -> bool:
@@ -392,60 +630,25 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
                     # pairwise S/(g-1) so each port carries S in each direction
                     _add(edges, a, b, c / (g - 1))
     if len(groups_local) == 1:
-        return [_Plan("nvls", edges, NVLS_BASE_LATENCY_S + 2 * a_intra, intra_eff=NVLS_EFFICIENCY)]
+        return [_Plan("nvls", edges, _fixed(NVLS_BASE_LATENCY_S + 2 * a_intra), intra_eff=NVLS_EFFICIENCY)]
     g, nn = len(groups_local[0]), len(groups_local)
     for j in range(g):
         rail = [members[j] for members in groups_local]
         for a, b in _ring_edges(rail):
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
     a_inter = topo.inter_node.latency_us * 1e-6
-    return [_Plan("nvls_tree", edges, NVLS_BASE_LATENCY_S + 2 * a_intra + 2 * (nn - 1) * a_inter, spread=False,
-                  intra_eff=NVLS_TREE_EFFICIENCY)]
+    # NVLS-tree: a tree between the nodes (2 log2 N network hops); beyond two nodes NCCL counts
+    # half the network bandwidth, fitted here as NVLS_TREE_INTER_SCALE of it (docs/cost-model.md).
+    hops = 2 * math.ceil(math.log2(nn))
+    return [_Plan("nvls_tree", edges, _fixed(NVLS_BASE_LATENCY_S + 2 * a_intra + hops * a_inter), spread=False,
+                  intra_eff=NVLS_TREE_EFFICIENCY, inter_scale=1.0 if nn <= 2 else NVLS_TREE_INTER_SCALE)]
 
 
-# -- `python -m fakegpu.costmodel`: a modeled nccl-tests table for a topology --------------
-def _parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-    t = text.strip().upper()
-    digits = t.rstrip("KMGIB")
-    return int(float(digits) * units[t[len(digits):]])
-
-
+# -- `python -m fakegpu.costmodel` is `python -m fakegpu model` (fakegpu/cli/model.py) ---------
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
+    from fakegpu.cli import model
 
-    from fakegpu.topology import ClusterConfigError, default_topology, load_cluster_config
-
-    parser = argparse.ArgumentParser(prog="python -m fakegpu.costmodel",
-                                     description="Print the modeled nccl-tests table of one operation kind.")
-    parser.add_argument("config", nargs="?", help="cluster YAML (default: one node, --world-size GPUs)")
-    parser.add_argument("--world-size", type=int, default=8)
-    parser.add_argument("--kind", default="AllReduce")
-    parser.add_argument("-b", "--min-bytes", default="8")
-    parser.add_argument("-e", "--max-bytes", default="8G")
-    parser.add_argument("-f", "--factor", type=int, default=4)
-    parser.add_argument("--elem-size", type=int, default=4)
-    args = parser.parse_args(argv)
-    try:
-        topo = load_cluster_config(args.config) if args.config else default_topology(args.world_size)
-    except ClusterConfigError as exc:
-        print(exc)
-        return 2
-    kind = normalize_kind(args.kind)
-    ranks = list(range(topo.world_size))
-    peer = ranks[-1] if kind == "SendRecv" else -1
-    print(f"# {topo.name}: {kind} over {len(ranks)} ranks on {topo.node_count} node(s) (modeled)")
-    print(f"{'size':>12} {'count':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  algorithm")
-    size = _parse_size(args.min_bytes)
-    while size <= _parse_size(args.max_bytes):
-        per = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter") else 1
-        count = max(1, size // args.elem_size // per)
-        e = estimate(kind, count, args.elem_size, ranks, 0, peer, topo)
-        print(f"{e.logical_bytes:>12} {count:>12} {e.seconds * 1e6:>10.1f} {e.algbw_gbs:>8.2f} "
-              f"{e.busbw_gbs:>8.2f}  {e.algorithm}")
-        size *= max(2, args.factor)
-    return 0
+    return model.main(argv, prog="python -m fakegpu.costmodel")
 
 
 if __name__ == "__main__":

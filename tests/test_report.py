@@ -17,7 +17,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
 MiB = 1 << 20
 PORT = 300e9 * 0.82                 # dev-2node-2gpu NVLink port, NVLink efficiency
 NIC = 200e9 / 8 / 1.5 * 0.92        # HDR NIC after 1.5 oversubscription, IB efficiency
-ALLREDUCE_1MIB = 2 * 3e-6 + 2 * 15e-6 + max(MiB / PORT, MiB / NIC)   # hierarchical, see test_costmodel
+# hierarchical/Simple: launch + NCCL's ring base latency + 2 node-local + 2 network steps (test_costmodel)
+LAUNCH = 4e-6                       # costmodel.LAUNCH_OVERHEAD_S
+ALLREDUCE_1MIB = LAUNCH + 8.4e-6 + 2 * 3e-6 + 2 * 15e-6 + max(MiB / PORT, MiB / NIC)
 
 WORLD = CommRecord(1, "world", (0, 1, 2, 3))
 PIPE = CommRecord(2, "pp_stage_1_2", (1, 2), parent_id=1)
@@ -44,7 +46,11 @@ def topo():
 
 
 @pytest.fixture
-def allreduce_report(topo):
+def allreduce_report(topo, monkeypatch):
+    # The byte attribution below is the hierarchical algorithm's (the model's own, not one NCCL
+    # picks by default), asked for the way NCCL is: NCCL_ALGO.
+    monkeypatch.setenv("NCCL_ALGO", "hierarchical")
+    monkeypatch.setenv("NCCL_PROTO", "simple")
     rep = ClusterReport(topo, metadata={"transport": "unix", "timeout_ms": 60000})
     for g in range(4):
         rep.client_connected(ClientRecord(g + 10, 1000 + g, "host-a", g, "unix", True))
@@ -105,7 +111,7 @@ def test_pair_only_send_recv_across_nodes(topo):
     assert check_report(d, collectives=["SendRecv"]) == []
     p2p = d["point_to_point"]
     assert (p2p["operations"], p2p["sends"], p2p["bytes"], p2p["inter_node_operations"]) == (1, 1, 2000, 1)
-    assert p2p["modeled_time_s"] == pytest.approx(15e-6 + 2000 / NIC)
+    assert p2p["modeled_time_s"] == pytest.approx(LAUNCH + 15e-6 + 2000 / NIC)
     assert d["collectives"] == {}
     (pair,) = d["node_pairs"]
     assert pair["directions"] == {"node0->node1": 2000, "node1->node0": 0}
@@ -131,7 +137,9 @@ def test_split_communicators(topo):
     assert check_report(d) == []
     (pair,) = d["node_pairs"]
     assert pair["directions"] == {"node0->node1": MiB, "node1->node0": MiB}
-    assert d["collectives"]["AllReduce"]["modeled_time_s"] == pytest.approx(2 * 15e-6 + MiB / NIC)
+    # ring/Simple: two network steps with NCCL's base latency and multi-node plateau
+    assert d["collectives"]["AllReduce"]["modeled_time_s"] == pytest.approx(
+        LAUNCH + 1.9 * (8.4e-6 + 2 * 15e-6) + MiB / NIC)
     assert d["links"]["intra_node"]["per_node"] == [
         {"node": "node0", "bytes": 2 * 4000, "transfers": 2, "operations": 1, "peak_operation_bytes": 8000}]
     comms = {c["id"]: c for c in d["communicators"]}

@@ -51,7 +51,7 @@ class OpSpec:
     per_rank_blocks: bool  # the size S covers n per-rank blocks (count = S / (n * elem))
 
     def busbw_factor(self, n: int) -> float:
-        """REFERENCE.md section 4 (the nccl-tests convention)."""
+        """The nccl-tests convention (docs/cost-model.md, "nccl-tests conventions")."""
         if self.name == "allreduce":
             return 2.0 * (n - 1) / n
         if self.name in ("reducescatter", "allgather", "alltoall", "gather", "scatter"):

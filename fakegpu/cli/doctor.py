@@ -23,7 +23,7 @@ from fakegpu import launcher
 EXPECTED_NCCL_VERSION = 23007
 
 # The NCCL entry points torch 2.14's CUDA build imports; if any is missing `import torch`
-# fails under LD_PRELOAD (../shared/REFERENCE.md section 2).
+# fails under LD_PRELOAD (the names torch 2.14 imports from libnccl.so.2, read off its binary).
 TORCH_NCCL_IMPORTS = (
     "ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount "
     "ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommGetUniqueId "

@@ -1,9 +1,9 @@
 """`fgpu [options] [--] COMMAND ...` (also `python -m fakegpu run ...`).
 
 Runs COMMAND with the fakegpu shim preloaded and a coordinator behind it, then prints where
-the reports are. `fgpu doctor ...` and `fgpu demo ...` are forwarded to fakegpu/cli/doctor.py and
-fakegpu/cli/demo.py; to run a program that is itself called `doctor` or `demo`, write
-`fgpu -- doctor`.
+the reports are. `fgpu doctor ...`, `fgpu demo ...` and `fgpu model ...` are forwarded to fakegpu/cli/doctor.py,
+fakegpu/cli/demo.py and fakegpu/cli/model.py; to run a program that is itself called `doctor`,
+`demo` or `model`, write `fgpu -- doctor`.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ examples:
   fgpu --cluster-config cluster_configs/h100-2node-8gpu-ib-8x400g.yaml -- torchrun --nproc-per-node 4 train.py
   fgpu --listen 0.0.0.0:29591 --token-file ~/.fakegpu-token -- torchrun --nnodes 2 ...
   fgpu doctor            check the shim, the environment and the coordinator
+  fgpu model CLUSTER.yaml --op allreduce -b 8 -e 8G -f 2   the cost model's nccl-tests table
   fgpu demo              train a small FSDP2 x TP model on 4 CPU ranks over a 2-node topology
 
 The command's exit status is fgpu's exit status (128+N when it died of signal N).
@@ -41,6 +42,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
         from fakegpu.cli import doctor
 
         return doctor.main(argv[1:], prog=f"{prog} doctor")
+    if argv and argv[0] == "model":
+        from fakegpu.cli import model
+
+        return model.main(argv[1:], prog=f"{prog} model")
     if argv and argv[0] == "demo":
         from fakegpu.cli import demo
 

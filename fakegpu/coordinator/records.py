@@ -43,7 +43,7 @@ class OpRecord:
     root: int                 # root rank in the comm (or sender for SendRecv), -1 if none
     peer: int                 # receiver rank for SendRecv, -1 otherwise
     ranks: tuple[int, ...]    # participating ranks in the comm
-    logical_bytes: int        # payload size in the nccl-tests sense (S in REFERENCE.md section 4)
+    logical_bytes: int        # payload size in the nccl-tests sense (S in docs/cost-model.md, "nccl-tests conventions")
     socket_bytes: int         # bytes that crossed sockets (0 with shared memory)
     seq: int                  # coordinator sequence number of the op on this communicator
     started_at: float         # wall time (time.time()) when the first member arrived

@@ -156,7 +156,7 @@ class FakeWorldReport(ClusterReport):
         node_bytes = {(node_map[s], node_map[d]): b for (s, d), b in est.node_bytes.items()}
         return costmodel.Estimate(est.kind, est.algorithm, est.seconds, est.latency_s, est.bandwidth_s,
                                   est.logical_bytes, est.nranks, transfers, node_bytes,
-                                  dict(est.candidates))
+                                  dict(est.candidates), protocol=est.protocol)
 
 
 class WorldAccountant:

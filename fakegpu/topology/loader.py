@@ -343,6 +343,25 @@ def _check_semantics(doc: _Document, data: dict) -> None:
                     ("nodes", i, "gpus", j, "profile"),
                     f"unknown GPU profile {gpu['profile']!r}; known profiles: {', '.join(sorted(PROFILES))}",
                 )
+        bridged: dict[int, int] = {}
+        for j, pair in enumerate(node.get("nvlink_bridges", [])):
+            where = ("nodes", i, "nvlink_bridges", j)
+            if pair[0] == pair[1]:
+                doc.issue(where, f"an NVLink bridge joins two different GPUs, got [{pair[0]}, {pair[1]}]")
+                continue
+            for slot in pair:
+                if slot >= len(node["gpus"]):
+                    doc.issue(where, f"GPU slot {slot} does not exist (node {node['id']!r} has "
+                                     f"{len(node['gpus'])} gpus, slots 0-{len(node['gpus']) - 1})")
+                elif slot in bridged:
+                    doc.issue(where, f"GPU slot {slot} is already bridged by nvlink_bridges[{bridged[slot]}]")
+                else:
+                    bridged[slot] = j
+                    name = canonical_profile_name(node["gpus"][slot]["profile"])
+                    if name is not None and not PROFILES[name].nvlink_bridge_gbs:
+                        bridgeable = sorted(p.name for p in PROFILES.values() if p.nvlink_bridge_gbs)
+                        doc.issue(where, f"GPU slot {slot} ({name}) takes no NVLink bridge "
+                                         f"(profiles that do: {', '.join(bridgeable)})")
         for j, rank in enumerate(node["ranks"]):
             if rank in owner:
                 oi, oj = owner[rank]
@@ -387,6 +406,7 @@ def _to_topology(data: dict, source: str) -> Topology:
             gpus=tuple(get_profile(g["profile"]) for g in n["gpus"]),
             nics=int(n.get("nics", 1)),
             nic_bandwidth_gbps=float(n["nic_bandwidth_gbps"]) if "nic_bandwidth_gbps" in n else None,
+            nvlink_bridges=tuple(tuple(sorted(p)) for p in n.get("nvlink_bridges", [])),
         )
         for n in data["nodes"]
     )

@@ -39,6 +39,7 @@ class Node:
     gpus: tuple[GpuProfile, ...]
     nics: int = 1                           # network adapters (rails) on this node
     nic_bandwidth_gbps: Optional[float] = None   # overrides fabric.inter_node.bandwidth_gbps
+    nvlink_bridges: tuple[tuple[int, int], ...] = ()   # GPU slot pairs joined by an NVLink bridge
 
     def to_dict(self, inter: Fabric) -> dict:
         return {
@@ -144,6 +145,16 @@ class Topology:
         """All of a node's NICs together (what collectives spread over, one channel per rail)."""
         return self.nic_bytes_per_s(node_index) * self.nodes[node_index].nics
 
+    def bridge_bytes_per_s(self, a: int, b: int) -> Optional[float]:
+        """Rate of the NVLink bridge joining ranks ``a`` and ``b``, or None when none does."""
+        if a == b or self.node_of(a) != self.node_of(b):
+            return None
+        pair = tuple(sorted((self.local_index(a), self.local_index(b))))
+        if pair not in self.nodes[self.node_of(a)].nvlink_bridges:
+            return None
+        rates = [self.gpu_of(r).nvlink_bridge_gbs for r in (a, b)]
+        return min(rates) * 1e9 if all(rates) else None
+
     def link(self, a: int, b: int) -> LinkParams:
         """Line-rate parameters of the path from global rank ``a`` to global rank ``b``."""
         if a == b:
@@ -151,6 +162,9 @@ class Topology:
             return LinkParams("self", "local", float("inf"), 0.0)
         na, nb = self.node_of(a), self.node_of(b)
         if na == nb:
+            bridge = self.bridge_bytes_per_s(a, b)
+            if bridge is not None:
+                return LinkParams("intra_node", "nvlink_bridge", bridge, self.intra_node.latency_us * 1e-6)
             bw = min(self.gpu_port_bytes_per_s(a), self.gpu_port_bytes_per_s(b))
             return LinkParams("intra_node", self.intra_node.type, bw, self.intra_node.latency_us * 1e-6)
         bw = min(self.nic_bytes_per_s(na), self.nic_bytes_per_s(nb))

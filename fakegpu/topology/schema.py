@@ -59,6 +59,12 @@ CLUSTER_CONFIG_SCHEMA = {
                         },
                     },
                     "nics": {"type": "integer", "minimum": 1},
+                    # pairs of GPU slots (0-based, in `gpus` order) joined by an NVLink bridge
+                    "nvlink_bridges": {
+                        "type": "array",
+                        "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                                  "items": {"type": "integer", "minimum": 0}},
+                    },
                     "nic_bandwidth_gbps": _POSITIVE,
                 },
             },

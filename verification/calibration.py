@@ -1,0 +1,108 @@
+"""Model vs published nccl-tests results (verification/data/published_nccl_tests.csv).
+
+`python verification/calibration.py` prints the table; tests/test_calibration.py guards the
+figures. Clusters named in the CSV are bundled configs, or built here when none fits.
+"""
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
+
+def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str,
+             bridges: str = "") -> str:
+    lines = ["version: 1", f"cluster: {{name: {name}}}", "nodes:"]
+    for i in range(nodes):
+        ranks = list(range(i * gpus, (i + 1) * gpus))
+        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {bridges}"
+                     f"gpus: [{', '.join(['{profile: ' + profile + '}'] * gpus)}]}}")
+    lines += ["fabric:", f"  intra_node: {intra}", f"  inter_node: {inter}"]
+    return "\n".join(lines) + "\n"
+
+
+NVLINK4 = "{type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}"
+NVLINK3 = "{type: nvlink, bandwidth_gbps: 2400, latency_us: 3}"
+# PCIe Gen4 x16 per direction; NCCL's own Simple per-step PCIe latency (5.7 us)
+PCIE4 = "{type: pcie, bandwidth_gbps: 256, latency_us: 5.7}"
+NDR = "{type: infiniband, bandwidth_gbps: 400, latency_us: 5}"
+HDR = "{type: infiniband, bandwidth_gbps: 200, latency_us: 5}"
+
+# Clusters of the published results that no bundled config describes.
+_EXTRA = {
+    # NVIDIA/nccl-tests issue 232: 2 nodes x 1 H100, four 400G NICs each
+    "h100-2node-1gpu-4nic": _cluster("h100-2x1-4nic", 2, 1, "h100", NVLINK4, 4, NDR),
+    # aigatech/vpbenchmarking: 4 nodes x 8 H100, 8x 400G NDR per node
+    "h100-4node-8gpu-ib-8x400g": _cluster("h100-4x8-ndr", 4, 8, "h100", NVLINK4, 8, NDR),
+    # NVIDIA/nccl issue 1048: 2 nodes x 8 A100, 4x 200G HDR per node
+    "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
+    # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
+    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
+                                    bridges="nvlink_bridges: [[0, 1]], "),
+    # NVIDIA/nccl issue 1639: 8x RTX 5090 on PCIe 5
+    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR),
+    # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
+    "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
+}
+
+
+def topology(name: str):
+    from fakegpu.topology import load_cluster_config, parse_cluster_config
+
+    if name in _EXTRA:
+        return parse_cluster_config(_EXTRA[name], name)
+    return load_cluster_config(ROOT / "cluster_configs" / f"{name}.yaml")
+
+
+def rows(estimate=None) -> list[dict]:
+    from fakegpu import costmodel
+    from fakegpu.cli.model import OPS
+
+    estimate = estimate or costmodel.estimate
+    out = []
+    with open(DATA, newline="") as fh:
+        for rec in csv.DictReader(fh):
+            topo = topology(rec["cluster"])
+            # the first gpus_per_node GPUs of the first `nodes` nodes
+            ranks = [r for node in topo.nodes[:int(rec["nodes"])] for r in node.ranks[:int(rec["gpus_per_node"])]]
+            kind = OPS[rec["op"]]
+            size = int(rec["size_bytes"])
+            algos = None
+            if rec["env"].startswith("NCCL_ALGO="):
+                algos = [a.lower() for a in rec["env"].split("=", 1)[1].split(",")]
+            per_rank = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
+            count = size // 4 // per_rank
+            peer = 1 if kind == "SendRecv" else -1   # sendrecv_perf with 2 GPUs: 0 -> 1
+            e = estimate(kind, count, 4, ranks, 0, peer, topo, algos) if algos else \
+                estimate(kind, count, 4, ranks, 0, peer, topo)
+            busbw = costmodel.busbw_gbs(kind, size, e.seconds, len(ranks))
+            published = (float(rec["busbw_gbs"]) if rec["busbw_gbs"] else
+                         costmodel.busbw_gbs(kind, size, float(rec["time_us"]) * 1e-6, len(ranks)))
+            out.append({**rec, "model_busbw": busbw, "algorithm": e.algorithm,
+                        "protocol": getattr(e, "protocol", "simple"), "published_busbw": published,
+                        "error": busbw / published - 1})
+    return out
+
+
+def summary(table: list[dict]) -> tuple[float, float]:
+    """(fraction of points within 20 %, median |error|)."""
+    errors = [abs(r["error"]) for r in table]
+    return sum(e <= 0.20 for e in errors) / len(errors), statistics.median(errors)
+
+
+def main() -> int:
+    table = rows()
+    print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error |")
+    print("|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['hardware']} | {r['op']} | {int(r['size_bytes'])} | {r['published_busbw']:.3g} | {r['model_busbw']:.3g} | "
+              f"{r['algorithm']}/{r['protocol']} | {r['error']:+.0%} |")
+    within, median = summary(table)
+    print(f"\n{len(table)} points: {within:.0%} within 20 %, median |error| {median:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
