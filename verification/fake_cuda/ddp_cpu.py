@@ -40,3 +40,9 @@ torch.save({"losses": losses,
            os.path.join(out_dir, f"rank{rank}.pt"))
 dist.barrier()
 dist.destroy_process_group()
+# The reference's results are saved; leave without interpreter teardown, where torch's gloo
+# threads sometimes abort the process ("terminate called without an active exception"), which
+# would fail the comparison for a reason that has nothing to do with the results.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
