@@ -1,6 +1,7 @@
 """`python -m fakegpu SUBCOMMAND ...` — each subcommand lives in fakegpu/cli/<name>.py.
 
-Every such module exposes ``main(argv: list[str]) -> int``.
+Every such module exposes ``main(argv: list[str]) -> int``. `python -m fakegpu [fgpu options]
+-- COMMAND` (options first) is `fgpu`, so the two launch styles take the same command lines.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ SUBCOMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: python -m fakegpu SUBCOMMAND [options]", "", "subcommands:"]
+    lines = ["usage: python -m fakegpu SUBCOMMAND [options]",
+             "       python -m fakegpu [fgpu options] -- COMMAND [ARGS...]   (the same as fgpu)", "",
+             "subcommands:"]
     for name, (_, help_text) in SUBCOMMANDS.items():
         lines.append(f"  {name:<12} {help_text}")
     return "\n".join(lines)
@@ -32,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    if name.startswith("-"):   # fgpu's own options (--mode, --cluster-config, ..., --): launch
+        name, rest = "run", argv
     if name not in SUBCOMMANDS:
         print(f"fakegpu: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2

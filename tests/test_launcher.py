@@ -549,3 +549,20 @@ def test_fgpu_console_script(tmp_path):
     done = subprocess.run([script, "--mode", "turbo", "--", "true"], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
     assert done.returncode == 2 and "unknown --mode 'turbo'" in done.stderr
+
+
+def test_python_m_fakegpu_with_fgpu_options_first_is_fgpu(tmp_path, shim_library):
+    """`python -m fakegpu --mode simulate -- CMD` launches CMD as `fgpu --mode simulate -- CMD` does
+    (the usage doc calls the two launch styles equivalent); a bad option is fgpu's own error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env.update(FAKEGPU_NCCL_LIBRARY=shim_library,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    job = [sys.executable, "-c", "import os; print('job sees', os.environ['FAKEGPU_MODE'])"]
+    done = subprocess.run([sys.executable, "-m", "fakegpu", "--mode", "simulate", "-q", "--", *job], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert "job sees simulate" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "fakegpu", "--no-such-option", "--", "true"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+    assert "unknown subcommand" not in bad.stderr
