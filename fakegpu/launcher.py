@@ -215,9 +215,16 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
 
     cluster = pick(ns.cluster_config, "FAKEGPU_CLUSTER_CONFIG")
     if cluster:
+        from fakegpu.topology.bundled import bundled_cluster_config, bundled_names
+
         path = _absolute(cluster, cwd)
         if not path.is_file():
-            raise LaunchError(f"--cluster-config {cluster}: no such file ({path})")
+            bundled = bundled_cluster_config(cluster)   # a name fakegpu ships, from any directory
+            if bundled is None:
+                shipped = ", ".join(bundled_names())
+                raise LaunchError(f"--cluster-config {cluster}: no such file ({path})"
+                                  + (f"; fakegpu ships these, usable by name: {shipped}" if shipped else ""))
+            path = bundled
         cfg.cluster_config = path
 
     transport = ns.coordinator_transport

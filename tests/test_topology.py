@@ -350,3 +350,16 @@ def test_coordinator_cli_rejects_hostile_yaml_with_one_clean_error(tmp_path, nam
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"fakegpu coordinator: --cluster-config {path}: invalid cluster config {path}:")
     assert fragment in proc.stderr and proc.stdout == ""
+
+
+def test_a_bundled_config_is_found_by_bare_name_from_any_directory(tmp_path, monkeypatch):
+    from fakegpu.topology.bundled import bundled_cluster_config, bundled_names
+
+    monkeypatch.chdir(tmp_path)
+    assert "dev-2node-2gpu.yaml" in bundled_names()
+    for name in ("dev-2node-2gpu.yaml", "dev-2node-2gpu"):
+        topo = load_cluster_config(name)
+        assert topo.world_size == 4 and str(bundled_cluster_config(name)) in topo.describe()
+    assert bundled_cluster_config("sub/dev-2node-2gpu.yaml") is None   # a path is never a bundled name
+    with pytest.raises(ClusterConfigError, match="fakegpu ships these cluster configs.*dev-2node-2gpu.yaml"):
+        load_cluster_config("no-such-config.yaml")

@@ -21,22 +21,9 @@ DEFAULT_OUT = "fakegpu-demo"
 
 def bundled_topology() -> Optional[Path]:
     """The 2-node x 2-rank cluster config, from an installed package or a source checkout."""
-    import fakegpu
+    from fakegpu.topology.bundled import bundled_cluster_config
 
-    package = Path(fakegpu.__file__).resolve().parent
-    # Installed wheel: fakegpu/data/cluster_configs; source checkout: ./cluster_configs.
-    for folder in (package / "data" / "cluster_configs", package.parent / "cluster_configs"):
-        if (folder / DEFAULT_TOPOLOGY).is_file():
-            return folder / DEFAULT_TOPOLOGY
-    try:
-        from importlib import metadata
-
-        for f in metadata.distribution("fakegpu").files or []:
-            if str(f).endswith(DEFAULT_TOPOLOGY):
-                return Path(f.locate()).resolve()
-    except Exception:  # not installed
-        pass
-    return None
+    return bundled_cluster_config(DEFAULT_TOPOLOGY)
 
 
 def build_parser() -> argparse.ArgumentParser:

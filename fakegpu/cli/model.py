@@ -10,10 +10,10 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
 from fakegpu import costmodel
+from fakegpu.topology.bundled import resolve_cluster_config
 
 EPILOG = """\
 examples:
@@ -92,13 +92,7 @@ def _size(text: str, what: str) -> int:
 
 def _config_path(text: str) -> str:
     """The YAML as given, or a bundled cluster_configs/ entry named bare ("h100-1node-8gpu-nvlink")."""
-    if os.path.exists(text) or os.sep in text:
-        return text
-    bundled = Path(__file__).resolve().parents[2] / "cluster_configs"
-    for candidate in (bundled / text, bundled / f"{text}.yaml"):
-        if candidate.is_file():
-            return str(candidate)
-    return text
+    return resolve_cluster_config(text)
 
 
 def _members(topo, ranks: Optional[str], nodes: Optional[str]) -> list[int]:

@@ -187,15 +187,22 @@ class _Document:
 
 
 def load_cluster_config(path: Union[str, os.PathLike]) -> Topology:
-    """Parse and validate the cluster YAML at ``path``; raises ClusterConfigError."""
-    source = os.fspath(path)
+    """Parse and validate the cluster YAML at ``path`` (or the bundled config of that bare name,
+    fakegpu.topology.bundled); raises ClusterConfigError."""
+    from fakegpu.topology.bundled import bundled_names, resolve_cluster_config
+
+    source = resolve_cluster_config(os.fspath(path))
     try:
         with open(source, "rb") as fh:
             # Read one byte past the limit (not os.stat: /dev/zero and pipes have no size).
             raw = fh.read(MAX_CONFIG_BYTES + 1)
             size = os.fstat(fh.fileno()).st_size
     except OSError as exc:
-        raise ClusterConfigError([ConfigIssue(source, "<document>", 0, f"cannot read file: {exc.strerror or exc}")]) from None
+        hint = ""
+        if isinstance(exc, FileNotFoundError) and bundled_names():
+            hint = f" (fakegpu ships these cluster configs, usable by name: {', '.join(bundled_names())})"
+        raise ClusterConfigError([ConfigIssue(source, "<document>", 0,
+                                              f"cannot read file: {exc.strerror or exc}{hint}")]) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ClusterConfigError([ConfigIssue(source, "<document>", 0, _too_large(size))])
     try:
