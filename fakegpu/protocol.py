@@ -95,6 +95,8 @@ HELLO_FLAG_SHM = 1
 HELLO_FLAG_LOCAL = 2
 # GROUP flags.
 GROUP_FLAG_PARTIAL = 1
+# A frame of rejected placeholders sent outside a group (request_id 0): never answered.
+GROUP_FLAG_UNANSWERED = 2
 # GROUP flags bits 16..31: the id of a group sent in several frames (0: a group in one frame).
 GROUP_ID_SHIFT = 16
 # OpDesc flags.

@@ -859,3 +859,20 @@ def test_a_parked_send_that_matches_lets_the_final_frame_succeed(h):
     h.staging(1)[0][:4] = np.frombuffer(np.array([9.0], np.float32).tobytes(), np.uint8)
     send = h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_SEND, 0, 1, seq=1),)))
     assert h.reply(1, send).results == (0,) and h.reply(0, final).results == (0,)
+
+
+def test_rejected_placeholders_posted_outside_a_group_are_never_answered(h):
+    handles = world(h, 2)
+    bad = P.OpDesc(comm_handle=handles[0], kind=P.KIND_ALLREDUCE, datatype=99, redop=42,
+                   flags=6 | P.OP_FLAG_REJECTED, total_count=8, match_seq=1)
+    h.send(0, P.Group(ops=(bad,), flags=P.GROUP_FLAG_UNANSWERED), rid=0)
+    h.send(0, P.Group(ops=(P.OpDesc(**{**bad.__dict__, "match_seq": 2}),), flags=P.GROUP_FLAG_UNANSWERED), rid=0)
+    assert not h.inbox.get(0) and not h.closed       # never answered, and two may be in flight
+    r1 = h.send(1, P.Group(ops=(op(handles[1], P.KIND_ALLREDUCE, 7, 8, 2, rank=1),)))
+    done = h.reply(1, r1)
+    assert done.results == (P.NCCL_INVALID_USAGE,) and "rejected by the shim" in done.message
+    assert not h.inbox.get(0)
+    # Only rejected ops may go unanswered.
+    good = op(handles[0], P.KIND_ALLREDUCE, 7, 8, 2, seq=3)
+    h.send(0, P.Group(ops=(good,), flags=P.GROUP_FLAG_UNANSWERED), rid=0)
+    assert "only rejected ops" in h.closed[0]

@@ -232,3 +232,61 @@ def test_random_call_sequences_with_random_faults(pools, nranks, env):
         check_plan(pool, plan)
 
     check()
+
+
+HANDSHAKE_RANK = r"""
+import os, sys, time
+from pathlib import Path
+import numpy as np
+from fakegpu.nccl import DataType, Nccl, NcclError, RedOp
+run_dir, rank = Path(sys.argv[1]), int(sys.argv[2])
+nccl = Nccl()
+comm = nccl.comm_init_rank(2, nccl.shared_unique_id(run_dir / "uid", rank, 60), rank, name="handshake")
+buf = np.ones(8, np.float32)
+marker = run_dir / "rank0-returned"
+if rank == 0:
+    try:
+        comm.all_reduce(buf, buf, 8, 99, RedOp.sum)          # datatype 99: rejected here
+        raise SystemExit("a rejected call succeeded")
+    except NcclError as exc:
+        assert exc.result == 4, exc                            # ncclInvalidArgument
+    marker.touch()                                             # returned before rank 1 called
+else:
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "rank 0's rejected call did not return on its own"
+        time.sleep(0.01)
+    try:
+        comm.all_reduce(buf, buf, 8, DataType.float32, RedOp.sum)
+        raise SystemExit("the call rank 0 rejected succeeded on rank 1")
+    except NcclError as exc:
+        assert exc.result == 5, exc                            # ncclInvalidUsage
+out = np.zeros(8, np.float32)
+comm.all_reduce(buf, out, 8, DataType.float32, RedOp.sum)      # the next call: both in step
+assert out.tolist() == [2.0] * 8, out
+comm.destroy()
+"""
+
+
+@pytest.mark.parametrize("local", ["1", "0"])
+def test_a_rejected_call_returns_at_once_and_still_fails_the_peers_call(coordinator, shim_library, tmp_path, local):
+    """Outside a group the placeholder is posted unanswered: the rejecting rank gets its error at
+    once, as from NCCL, even when its peer makes the call only after that (a rank that waited for
+    its peers here would never return: the peer waits for it first)."""
+    env = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
+    env.update(coordinator.client_env)
+    env.update({"FAKEGPU_NCCL_LIBRARY": shim_library, "FAKEGPU_LOCAL_COLLECTIVES": local,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    script = tmp_path / "rank.py"
+    script.write_text(HANDSHAKE_RANK)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), str(r)], env=env, cwd=str(REPO_ROOT),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)

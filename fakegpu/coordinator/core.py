@@ -788,7 +788,8 @@ class Core:
         desc_end = 8 + n_ops * _OPDESC_SIZE
         if len(body) < desc_end:
             raise P.ProtocolError(f"GROUP declares {n_ops} ops but its body holds {len(body)} bytes")
-        if rid in client.groups:
+        unanswered = bool(flags & P.GROUP_FLAG_UNANSWERED)
+        if not unanswered and rid in client.groups:
             raise P.ProtocolError(f"GROUP request_id {rid} is already in flight on this connection")
         if frame.payload_placed:
             pass
@@ -819,6 +820,16 @@ class Core:
             if not partial:   # the group's last frame: its id may be used again
                 del client.split_groups[group_id]
         group = GroupState(client, rid, descs, partial, split=split)
+        if unanswered:
+            # Only rejected placeholders, whose ranks already have their error: nothing to answer,
+            # nothing staged, so several may be in flight at once.
+            if partial or split is not None or sliced or any(
+                    not _OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i)[D_FLAGS] & P.OP_FLAG_REJECTED for i in range(n_ops)):
+                raise P.ProtocolError("an unanswered GROUP may hold only rejected ops, in one frame")
+            group.unanswered = True
+            self.n_groups += 1
+            self._submit_group(client, group, descs)
+            return
         if split is not None and not partial:
             split.final = group
         client.groups[rid] = group
@@ -935,6 +946,8 @@ class Core:
             self._finish_group(final)
 
     def _finish_group(self, group: GroupState) -> None:
+        if group.unanswered:
+            return
         client = group.client
         split = group.split
         if split is not None and split.final is group:

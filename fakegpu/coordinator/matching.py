@@ -21,7 +21,7 @@ class GroupState:
     """One GROUP (or ACCOUNT) frame of one client, until every op has completed or failed.
     ``accounted``: an ACCOUNT frame (proxy mode) -- matched and recorded, no data moves."""
     __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial", "accounted",
-                 "split")
+                 "split", "unanswered")
 
     def __init__(self, client, request_id: int, descs: list, partial: bool, accounted: bool = False,
                  split: "Optional[SplitGroup]" = None):
@@ -34,6 +34,7 @@ class GroupState:
         self.partial = partial
         self.accounted = accounted
         self.split = split   # the group this frame is one of, when the group spans several frames
+        self.unanswered = False   # rejected placeholders posted outside a group: no GROUP_DONE
 
 
 class SplitGroup:

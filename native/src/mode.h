@@ -72,6 +72,10 @@ class DistMode {
   // run (ACCOUNT request, no data); a disagreement between the ranks fails it. Modes that keep
   // no books on a coordinator accept every group.
   virtual ncclResult_t account_group(const std::vector<CollCall>& calls) { return ncclSuccess; }
+  // A call rejected for its arguments outside a group: modes that match calls on a coordinator
+  // send its placeholder there without waiting for an answer, so the caller gets its argument
+  // error at once (as from NCCL) while the other members' call still fails with it.
+  virtual void post_rejected(const CollCall& call) {}
   // ncclGetUniqueId: our own random id, or the real library's (proxy/passthrough).
   virtual ncclResult_t get_unique_id(uint8_t out[128]);
   // An asynchronous failure the mode knows of beyond comm->async_error (the real library's,

@@ -216,6 +216,10 @@ class ForwardingMode : public DistMode {
     return rc;
   }
 
+  void post_rejected(const CollCall& c) override {
+    if (coordinator_) coordinator_->post_rejected(c);
+  }
+
   ncclResult_t run_group(const std::vector<CollCall>& group_calls) override {
     const real::Nccl* n;
     ncclResult_t rc = real::load(&n);

@@ -313,6 +313,21 @@ class SimulateMode : public DistMode {
     return ncclSuccess;
   }
 
+  void post_rejected(const CollCall& c) override {
+    Client* client;
+    if (Client::get(&client) != ncclSuccess) return;  // no coordinator: nobody to keep in step
+    local::flush(client);  // records of earlier host-local calls go first
+    uint8_t body[8 + proto::kOpDescSize];
+    const uint32_t n_ops = 1, flags = proto::kGroupUnanswered;
+    memcpy(body, &n_ops, 4);
+    memcpy(body + 4, &flags, 4);
+    Step st;
+    st.flags = proto::kOpFirstStep | proto::kOpLastStep | proto::kOpRejected;
+    encode_step_desc(c, st, body + 8);
+    iovec iov{body, sizeof(body)};
+    client->post(proto::kGroup, &iov, 1);  // a lost connection shows on the next request
+  }
+
   // ACCOUNT: one frame with every call of the group as a single step, nothing staged (lengths
   // and offsets 0, no scalar: a device scalar must not be read here and is not compared).
   ncclResult_t account_group(const std::vector<CollCall>& calls) override {

@@ -55,6 +55,8 @@ constexpr uint8_t kOpLastStep = 1u << 2;
 constexpr uint8_t kOpRejected = 1u << 3;  // the shim rejected the arguments: a placeholder keeping the order
 // GROUP.flags bits.
 constexpr uint32_t kGroupPartial = 1u << 0;
+// A frame of rejected placeholders only, sent outside a group: never answered (docs/protocol.md).
+constexpr uint32_t kGroupUnanswered = 1u << 1;
 // GROUP flags bits 16..31: the id of a group sent in several frames (0: one frame).
 constexpr uint32_t kGroupIdShift = 16;
 // HELLO.flags / HELLO_OK.flags bits.

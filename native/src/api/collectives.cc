@@ -63,11 +63,10 @@ void assign_match_seq(CollCall* c) {
   c->call_seq = comm->call_seq.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
-// An argument error (the last error already says which): the call fails on this rank, and a
-// placeholder still takes the call's place in the matching order, so that the other members'
-// matching call fails with it instead of pairing with this rank's next call. Inside a group
-// the placeholder travels at ncclGroupEnd; outside one it is sent now and this call returns
-// once the other members have arrived (or the coordinator's timeout), like any collective.
+// An argument error (the last error already says which): the call fails on this rank at once,
+// and a placeholder still takes the call's place in the matching order, so that the other
+// members' matching call fails with it instead of pairing with this rank's next call. Inside a
+// group the placeholder travels at ncclGroupEnd; outside one it is posted now, unanswered.
 // A Send/Recv naming no valid peer has nobody to keep in step with.
 ncclResult_t reject(CollCall c, ncclResult_t rc) {
   const std::string msg = last_error();
@@ -79,7 +78,12 @@ ncclResult_t reject(CollCall c, ncclResult_t rc) {
   c.scalar_ptr = nullptr;
   c.in_place = 0;
   assign_match_seq(&c);
-  (void)enqueue_call(c);  // its result on this rank is the argument error itself
+  if (in_group()) {
+    (void)enqueue_call(c);  // travels with the group; its result there is this argument error
+  } else {
+    DistMode* mode;
+    if (get_mode(&mode) == ncclSuccess) mode->post_rejected(c);
+  }
   {
     std::lock_guard<std::mutex> lk(c.comm->mu);
     c.comm->last_error = msg;
