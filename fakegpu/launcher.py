@@ -198,22 +198,34 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
     cwd = Path.cwd() if cwd is None else cwd
     env = os.environ if environ is None else environ
 
-    def pick(flag_value, var):
-        return flag_value if flag_value not in (None, "") else (env.get(var) or None)
+    # Where each setting came from, so that an error names what the user wrote: the option, or
+    # the environment variable ("FAKEGPU_COORDINATOR_ADDR=x", not "--coordinator-addr x").
+    given_as: dict = {}
+
+    def pick(flag_value, var, flag=None):
+        if flag_value not in (None, ""):
+            return flag_value
+        value = env.get(var) or None
+        if value is not None and flag is not None:
+            given_as[flag] = var
+        return value
+
+    def said(flag: str) -> str:
+        return given_as.get(flag, flag)
 
     cfg = LaunchConfig(report=cwd / DEFAULT_REPORT_NAME)
 
-    mode = pick(ns.mode, "FAKEGPU_MODE") or "simulate"
+    mode = pick(ns.mode, "FAKEGPU_MODE", "--mode") or "simulate"
     if mode not in COMPUTE_MODES:
-        raise LaunchError(f"unknown --mode {mode!r}; choose one of: {', '.join(COMPUTE_MODES)}")
+        raise LaunchError(f"unknown {said('--mode')} {mode!r}; choose one of: {', '.join(COMPUTE_MODES)}")
     cfg.mode = mode
 
-    dist_mode = pick(ns.dist_mode, "FAKEGPU_DIST_MODE") or "simulate"
+    dist_mode = pick(ns.dist_mode, "FAKEGPU_DIST_MODE", "--dist-mode") or "simulate"
     if dist_mode not in DIST_MODES:
-        raise LaunchError(f"unknown --dist-mode {dist_mode!r}; choose one of: {', '.join(DIST_MODES)}")
+        raise LaunchError(f"unknown {said('--dist-mode')} {dist_mode!r}; choose one of: {', '.join(DIST_MODES)}")
     cfg.dist_mode = dist_mode
 
-    cluster = pick(ns.cluster_config, "FAKEGPU_CLUSTER_CONFIG")
+    cluster = pick(ns.cluster_config, "FAKEGPU_CLUSTER_CONFIG", "--cluster-config")
     if cluster:
         from fakegpu.topology.bundled import bundled_cluster_config, bundled_names
 
@@ -222,7 +234,7 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
             bundled = bundled_cluster_config(cluster)   # a name fakegpu ships, from any directory
             if bundled is None:
                 shipped = ", ".join(bundled_names())
-                raise LaunchError(f"--cluster-config {cluster}: no such file ({path})"
+                raise LaunchError(f"{said('--cluster-config')} {cluster}: no such file ({path})"
                                   + (f"; fakegpu ships these, usable by name: {shipped}" if shipped else ""))
             path = bundled
         cfg.cluster_config = path
@@ -232,6 +244,7 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
     if not addr and not ns.listen and env.get("FAKEGPU_COORDINATOR_ADDR"):
         # Already inside a fakegpu launch (or the variables were exported by hand): join it.
         addr = env["FAKEGPU_COORDINATOR_ADDR"]
+        given_as["--coordinator-addr"] = "FAKEGPU_COORDINATOR_ADDR"
     if ns.listen:
         if transport not in (None, "tcp"):
             raise LaunchError("--listen starts a TCP coordinator; it cannot be combined with "
@@ -255,24 +268,24 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
             expanded = os.path.expanduser(addr)
             if not os.path.isabs(expanded):
                 raise LaunchError(
-                    f"--coordinator-addr {addr!r}: a unix socket address must be an absolute path "
+                    f"{said('--coordinator-addr')} {addr!r}: a unix socket address must be an absolute path "
                     f"(for example {cwd / 'fakegpu.sock'}); for TCP use HOST:PORT")
             if len(os.fsencode(expanded)) > UNIX_PATH_MAX:
-                raise LaunchError(f"--coordinator-addr {addr!r}: unix socket paths are limited to "
+                raise LaunchError(f"{said('--coordinator-addr')} {addr!r}: unix socket paths are limited to "
                                   f"{UNIX_PATH_MAX} bytes; choose a shorter path")
             if not Path(expanded).parent.is_dir():
-                raise LaunchError(f"--coordinator-addr {addr!r}: directory {Path(expanded).parent} does not exist")
+                raise LaunchError(f"{said('--coordinator-addr')} {addr!r}: directory {Path(expanded).parent} does not exist")
             addr = expanded
         else:
             try:
                 parse_tcp_address(addr)
             except ValueError as exc:
-                raise LaunchError(f"--coordinator-addr: {exc}") from None
+                raise LaunchError(f"{said('--coordinator-addr')} {addr!r}: {exc}") from None
         cfg.coordinator_addr = addr
 
-    timeout = pick(ns.coordinator_timeout_ms, "FAKEGPU_COORDINATOR_TIMEOUT_MS")
+    timeout = pick(ns.coordinator_timeout_ms, "FAKEGPU_COORDINATOR_TIMEOUT_MS", "--coordinator-timeout-ms")
     if timeout is not None:
-        cfg.timeout_ms = _positive_int(timeout, "--coordinator-timeout-ms")
+        cfg.timeout_ms = _positive_int(timeout, said("--coordinator-timeout-ms"))
 
     report = pick(ns.report, "FAKEGPU_CLUSTER_REPORT_PATH")
     if report:
@@ -287,32 +300,32 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
         cfg.trace = _absolute(trace, cwd)
         _check_writable_parent(cfg.trace, "--trace")
 
-    max_ops = pick(ns.max_operations, "FAKEGPU_CLUSTER_REPORT_MAX_OPERATIONS")
+    max_ops = pick(ns.max_operations, "FAKEGPU_CLUSTER_REPORT_MAX_OPERATIONS", "--max-operations")
     if max_ops is not None:
-        cfg.max_operations = _positive_int(max_ops, "--max-operations", allow_zero=True)
+        cfg.max_operations = _positive_int(max_ops, said("--max-operations"), allow_zero=True)
 
-    devices = pick(ns.device_count, "FAKEGPU_DEVICE_COUNT")
+    devices = pick(ns.device_count, "FAKEGPU_DEVICE_COUNT", "--device-count")
     if devices is not None:
-        cfg.device_count = _positive_int(devices, "--device-count")
+        cfg.device_count = _positive_int(devices, said("--device-count"))
 
-    chunk = pick(ns.staging_chunk_bytes, "FAKEGPU_STAGING_CHUNK_BYTES")
+    chunk = pick(ns.staging_chunk_bytes, "FAKEGPU_STAGING_CHUNK_BYTES", "--staging-chunk-bytes")
     if chunk is not None:
         try:
             cfg.staging_chunk_bytes = parse_size(chunk)
         except ValueError as exc:
-            raise LaunchError(f"--staging-chunk-bytes: {exc}") from None
+            raise LaunchError(f"{said('--staging-chunk-bytes')}: {exc}") from None
         if cfg.staging_chunk_bytes < 4096:
-            raise LaunchError(f"--staging-chunk-bytes {chunk}: must be at least 4096 bytes")
+            raise LaunchError(f"{said('--staging-chunk-bytes')} {chunk}: must be at least 4096 bytes")
     force = env.get("FAKEGPU_STAGING_FORCE_SOCKET", "")
     cfg.force_socket_staging = bool(ns.force_socket_staging) or force.lower() in ("1", "true", "yes", "on")
 
-    token_file = pick(ns.token_file, "FAKEGPU_COORDINATOR_TOKEN_FILE")
+    token_file = pick(ns.token_file, "FAKEGPU_COORDINATOR_TOKEN_FILE", "--token-file")
     if token_file:
         cfg.token_file = _absolute(token_file, cwd)
         if cfg.token_file.exists() and not cfg.token_file.is_file():
-            raise LaunchError(f"--token-file {token_file}: not a regular file")
+            raise LaunchError(f"{said('--token-file')} {token_file}: not a regular file")
         if not cfg.token_file.exists() and not cfg.token_file.parent.is_dir():
-            raise LaunchError(f"--token-file {token_file}: directory {cfg.token_file.parent} does not exist")
+            raise LaunchError(f"{said('--token-file')} {token_file}: directory {cfg.token_file.parent} does not exist")
 
     capture = pick(ns.memory_capture_path, "FAKEGPU_MEMORY_CAPTURE_PATH")
     if capture or ns.capture_memory:

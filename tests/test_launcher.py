@@ -566,3 +566,20 @@ def test_python_m_fakegpu_with_fgpu_options_first_is_fgpu(tmp_path, shim_library
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
     assert "unknown subcommand" not in bad.stderr
+
+
+@pytest.mark.parametrize("var, value, expected", [
+    ("FAKEGPU_COORDINATOR_ADDR", "relative.sock", "FAKEGPU_COORDINATOR_ADDR 'relative.sock': a unix socket address"),
+    ("FAKEGPU_DEVICE_COUNT", "four", "FAKEGPU_DEVICE_COUNT expects a whole number, got 'four'"),
+    ("FAKEGPU_MODE", "gpu", "unknown FAKEGPU_MODE 'gpu'"),
+    ("FAKEGPU_CLUSTER_CONFIG", "nope.yaml", "FAKEGPU_CLUSTER_CONFIG nope.yaml: no such file"),
+])
+def test_an_error_about_an_environment_variable_names_the_variable(tmp_path, var, value, expected):
+    with pytest.raises(launcher.LaunchError) as err:
+        _config([], tmp_path, {var: value})
+    assert expected in str(err.value) and "--" not in str(err.value).split(":")[0]
+    # The same value given as the option is reported as the option.
+    flag = {"FAKEGPU_COORDINATOR_ADDR": "--coordinator-addr", "FAKEGPU_DEVICE_COUNT": "--device-count",
+            "FAKEGPU_MODE": "--mode", "FAKEGPU_CLUSTER_CONFIG": "--cluster-config"}[var]
+    with pytest.raises(launcher.LaunchError, match=flag):
+        _config([flag, value], tmp_path)
