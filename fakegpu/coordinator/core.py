@@ -42,7 +42,7 @@ from fakegpu.coordinator.faults import FaultPlan, load_plan
 from fakegpu.coordinator.matching import (
     D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND, D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF,
     D_REDOP, D_ROOT, D_SCALAR, D_STEP, D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL, FailedCall, GroupState, PairQueue,
-    Slot, SplitGroup, Step, describe_op, mismatch_message, validate)
+    Slot, SplitGroup, Step, describe_op, ends_call, mismatch_message, validate)
 from fakegpu.coordinator.records import NullRecorder, OpRecord
 from fakegpu.coordinator.registry import (
     Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous, assign_global_ranks)
@@ -823,8 +823,7 @@ class Core:
         if unanswered:
             # Only rejected placeholders, whose ranks already have their error: nothing to answer,
             # nothing staged, so several may be in flight at once.
-            if partial or split is not None or sliced or any(
-                    not _OPDESC_UNPACK(body, 8 + _OPDESC_SIZE * i)[D_FLAGS] & P.OP_FLAG_REJECTED for i in range(n_ops)):
+            if partial or split is not None or sliced or any(not d[D_FLAGS] & P.OP_FLAG_REJECTED for d in descs):
                 raise P.ProtocolError("an unanswered GROUP may hold only rejected ops, in one frame")
             group.unanswered = True
             self.n_groups += 1
@@ -1059,11 +1058,18 @@ class Core:
         """A step of a call that already failed: it fails the same way, at once."""
         rank = step.member.rank
         self._op_done(step.group, step.index, failed.code_for(rank), failed.message)
-        d = step.desc
-        if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
+        if ends_call(step.desc):
             failed.done.add(rank)
             if len(failed.done) >= nranks:
                 table.pop(seq, None)
+
+    @staticmethod
+    def _keep_failed_call(table: dict, seq: int, failed: FailedCall, nranks: int) -> None:
+        """Remembers a failed call until every member is past it (a bounded table)."""
+        if len(failed.done) < nranks:
+            if len(table) >= _MAX_FAILED_CALLS:
+                del table[next(iter(table))]
+            table[seq] = failed
 
     def _fail_call(self, comm: Comm, seq: int, steps: list, default_code: int, msg: str,
                    codes: Optional[dict] = None, *, started: float, missing: list = ()) -> None:
@@ -1071,11 +1077,7 @@ class Core:
         that its other steps -- already waiting in other slots, or still to come -- fail the
         same way instead of pairing with another call's steps. It is reported here, once."""
         self._report_failed_call(comm, seq, steps, _reported_code(default_code, codes), msg, started, missing)
-        failed = FailedCall(default_code, msg, codes)
-        for s in steps:
-            d = s.desc
-            if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
-                failed.done.add(s.member.rank)
+        failed = FailedCall(default_code, msg, codes, steps)
         for key in [k for k in comm.slots if k[0] == seq]:
             slot = comm.slots.pop(key)
             self._waiting.pop(slot, None)
@@ -1083,10 +1085,7 @@ class Core:
                 if s is not None:
                     self._answer_failed_step(comm.failed_calls, seq, failed, s, comm.nranks)
         failed.done.update(comm.gone_ranks)
-        if len(failed.done) < comm.nranks:
-            if len(comm.failed_calls) >= _MAX_FAILED_CALLS:
-                del comm.failed_calls[next(iter(comm.failed_calls))]
-            comm.failed_calls[seq] = failed
+        self._keep_failed_call(comm.failed_calls, seq, failed, comm.nranks)
         if comm.arena is not None:
             comm.arena.set_pending(len(comm.slots))
 
@@ -1263,21 +1262,14 @@ class Core:
         its other steps, waiting or still to come, fail the same way. It is reported here, once."""
         self._report_failed_call(steps[0].member.comm, None, steps, _reported_code(default_code, codes), msg,
                                  min(self._arrival_wall(s) for s in steps), missing)
-        failed = FailedCall(default_code, msg, codes)
-        for s in steps:
-            d = s.desc
-            if d[D_FLAGS] & P.OP_FLAG_REJECTED or d[D_STEP_INDEX] + 1 >= d[D_STEP_TOTAL]:
-                failed.done.add(s.member.rank)
+        failed = FailedCall(default_code, msg, codes, steps)
         for table in (q.sends, q.recvs):
             for skey in [k for k in table if k[0] == seq]:
                 s = table.pop(skey)
                 self._waiting.pop(s, None)
                 self._answer_failed_step(q.failed, seq, failed, s, 2)
                 self._parked_resolved(s, failed.code_for(s.member.rank), msg)
-        if len(failed.done) < 2:
-            if len(q.failed) >= _MAX_FAILED_CALLS:
-                del q.failed[next(iter(q.failed))]
-            q.failed[seq] = failed
+        self._keep_failed_call(q.failed, seq, failed, 2)
 
     def _match_p2p(self, comm: Comm, key: tuple, q: PairQueue, send: Step, recv: Step) -> None:
         sd, rd = send.desc, recv.desc

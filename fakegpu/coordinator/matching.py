@@ -90,11 +90,12 @@ class FailedCall:
     of it can pair with a step of another call. Dropped once every member is past it."""
     __slots__ = ("codes", "default_code", "message", "done")
 
-    def __init__(self, default_code: int, message: str, codes: Optional[dict] = None):
+    def __init__(self, default_code: int, message: str, codes: Optional[dict] = None, steps: tuple = ()):
         self.default_code = default_code
         self.codes = codes or {}   # rank -> result, where it differs from default_code
         self.message = message
-        self.done: set = set()     # ranks whose every step of the call has been answered
+        # Ranks whose every step of the call has been answered (``steps`` already are).
+        self.done: set = {s.member.rank for s in steps if ends_call(s.desc)}
 
     def code_for(self, rank: int) -> int:
         return self.codes.get(rank, self.default_code)
@@ -113,6 +114,11 @@ class PairQueue:
         self.failed: dict = {}   # match_seq -> FailedCall
         self.sender_at = 0       # the highest match_seq seen from each side
         self.receiver_at = 0
+
+
+def ends_call(desc: tuple) -> bool:
+    """Whether this step is its rank's last of its call (a rejected placeholder is all of it)."""
+    return bool(desc[D_FLAGS] & P.OP_FLAG_REJECTED) or desc[D_STEP_INDEX] + 1 >= desc[D_STEP_TOTAL]
 
 
 def signature(desc: tuple) -> tuple:
