@@ -13,7 +13,6 @@ import sys
 from typing import Optional, Sequence
 
 from fakegpu import costmodel
-from fakegpu.topology.bundled import resolve_cluster_config
 
 EPILOG = """\
 examples:
@@ -90,9 +89,18 @@ def _size(text: str, what: str) -> int:
     return value
 
 
-def _config_path(text: str) -> str:
-    """The YAML as given, or a bundled cluster_configs/ entry named bare ("h100-1node-8gpu-nvlink")."""
-    return resolve_cluster_config(text)
+def _names(text: Optional[str], check, option: str, what: str) -> Optional[list]:
+    """A comma-separated --algo / --proto value, each name checked by the cost model; None when
+    the option was not given."""
+    if text is None:
+        return None
+    try:
+        names = [check(name) for name in text.split(",") if name.strip()]
+    except ValueError as exc:
+        raise ModelArgumentError(f"{option}: {exc}") from None
+    if not names:
+        raise ModelArgumentError(f"{option} needs at least one {what} name")
+    return names
 
 
 def _members(topo, ranks: Optional[str], nodes: Optional[str]) -> list[int]:
@@ -158,24 +166,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu model") -> int:
         factor = _positive_int(args.stepfactor, "-f/--stepfactor")
         if factor < 2 and lo != hi:
             raise ModelArgumentError("-f/--stepfactor must be at least 2 (or give -b equal to -e)")
-        algorithms = None
-        if args.algo is not None:
-            try:
-                algorithms = [costmodel._check_algorithm(a) for a in args.algo.split(",") if a.strip()]
-            except ValueError as exc:
-                raise ModelArgumentError(f"--algo: {exc}") from None
-            if not algorithms:
-                raise ModelArgumentError("--algo needs at least one algorithm name")
-        protocols = None
-        if args.proto is not None:
-            try:
-                protocols = [costmodel._check_protocol(p) for p in args.proto.split(",") if p.strip()]
-            except ValueError as exc:
-                raise ModelArgumentError(f"--proto: {exc}") from None
-            if not protocols:
-                raise ModelArgumentError("--proto needs at least one protocol name")
+        algorithms = _names(args.algo, costmodel._check_algorithm, "--algo", "algorithm")
+        protocols = _names(args.proto, costmodel._check_protocol, "--proto", "protocol")
         if args.config:
-            topo = load_cluster_config(_config_path(args.config))
+            topo = load_cluster_config(args.config)   # a path, or a bundled config's bare name
         else:
             if args.world_size < 1:
                 raise ModelArgumentError(f"--world-size must be at least 1, got {args.world_size}")
