@@ -287,9 +287,7 @@ class SimulateMode : public DistMode {
     const std::vector<CollCall>& calls = device ? staged : user_calls;
     local::flush(client);
     std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
-    uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
-    memcpy(body.data(), &n, 4);
-    memcpy(body.data() + 4, &flags, 4);
+    proto::encode_group_head(body.data(), static_cast<uint32_t>(calls.size()), 0);
     for (size_t k = 0; k < calls.size(); k++) {
       Step st;
       st.cnt = calls[k].count;
@@ -318,9 +316,7 @@ class SimulateMode : public DistMode {
     if (Client::get(&client) != ncclSuccess) return;  // no coordinator: nobody to keep in step
     local::flush(client);  // records of earlier host-local calls go first
     uint8_t body[8 + proto::kOpDescSize];
-    const uint32_t n_ops = 1, flags = proto::kGroupUnanswered;
-    memcpy(body, &n_ops, 4);
-    memcpy(body + 4, &flags, 4);
+    proto::encode_group_head(body, 1, proto::kGroupUnanswered);
     Step st;
     st.flags = proto::kOpFirstStep | proto::kOpLastStep | proto::kOpRejected;
     encode_step_desc(c, st, body + 8);
@@ -337,9 +333,7 @@ class SimulateMode : public DistMode {
     if (rc != ncclSuccess) return rc;
     local::flush(client);
     std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
-    uint32_t n = static_cast<uint32_t>(calls.size()), flags = 0;
-    memcpy(body.data(), &n, 4);
-    memcpy(body.data() + 4, &flags, 4);
+    proto::encode_group_head(body.data(), static_cast<uint32_t>(calls.size()), 0);
     for (size_t k = 0; k < calls.size(); k++) {
       const CollCall& c = calls[k];
       proto::OpDesc d;
@@ -403,10 +397,8 @@ class SimulateMode : public DistMode {
     thread_local std::vector<uint8_t> head;
     thread_local std::vector<iovec> iov;
     head.resize(8 + n * proto::kOpDescSize);
-    uint32_t n_ops = static_cast<uint32_t>(n),
-             flags = (partial ? proto::kGroupPartial : 0) | (group_id << proto::kGroupIdShift);
-    memcpy(head.data(), &n_ops, 4);
-    memcpy(head.data() + 4, &flags, 4);
+    proto::encode_group_head(head.data(), static_cast<uint32_t>(n),
+                             (partial ? proto::kGroupPartial : 0) | (group_id << proto::kGroupIdShift));
     for (size_t k = 0; k < n; k++) encode_step_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
     iov.clear();
     iov.push_back({head.data(), head.size()});

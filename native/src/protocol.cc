@@ -183,6 +183,11 @@ void encode(Writer& w, const LocalOps& m) {
   }
 }
 
+void encode_group_head(uint8_t* out, uint32_t n_ops, uint32_t flags) {
+  memcpy(out, &n_ops, 4);
+  memcpy(out + 4, &flags, 4);
+}
+
 void encode_opdesc(uint8_t* o, const OpDesc& d) {
   memcpy(o + 0, &d.comm_handle, 8);
   o[8] = d.kind;

@@ -247,6 +247,8 @@ void encode(Writer& w, const ArenaRequest& m);
 void encode(Writer& w, const ArenaInfo& m);
 // Writes nranks waits per record (missing ones as 0, extra ones dropped) so the body is always well formed.
 void encode(Writer& w, const LocalOps& m);
+// Writes the 8-byte prefix of a GROUP / SIMULATE / ACCOUNT body (u32 n_ops, u32 flags) at `out`.
+void encode_group_head(uint8_t* out, uint32_t n_ops, uint32_t flags);
 // Writes exactly kOpDescSize bytes at `out` (hot path: no vector growth).
 void encode_opdesc(uint8_t* out, const OpDesc& d);
 
