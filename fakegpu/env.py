@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import ipaddress
 import re
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -32,7 +33,7 @@ class ConfigError(ValueError):
     """An environment variable (or flag) holds a value we cannot use."""
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kb": 1000, "kib": 1024,
@@ -49,9 +50,13 @@ def parse_size(text: str, what: str = "size") -> int:
         raise ConfigError(
             f"{what}={text!r} is not a size (examples: 4096, 64K, 16MiB, 1.5GB; "
             f"units: {', '.join(u for u in _SIZE_UNITS if u)})")
-    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    if value != int(value):
+    # Exact arithmetic, as in the shim's env::bytes (the same grammar, tests/size_vectors.json):
+    # a float would round 16.000000000000001M to a whole number.
+    value = Fraction(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if value.denominator != 1:
         raise ConfigError(f"{what}={text!r} is not a whole number of bytes")
+    if value >= 1 << 64:
+        raise ConfigError(f"{what}={text!r} is larger than 2^64 - 1 bytes")
     return int(value)
 
 

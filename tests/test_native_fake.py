@@ -231,6 +231,40 @@ def test_every_collective_matches_semantics_py(shim_library, tmp_path):
     assert result["checked"] > 300
 
 
+EXTREME_WORLD_WORKER = r"""
+import json, os
+import numpy as np
+from fakegpu.nccl import Nccl
+from fakegpu.fake import semantics as S
+
+N = int(os.environ["NGPU"])
+nccl = Nccl()
+world = nccl.comm_init_rank(N, nccl.get_unique_id(), 1)
+failures = []
+for dt in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64):
+    info = np.iinfo(dt)
+    values = [-1, 1, 2, int(info.min), int(info.max), 0, 100, int(info.max) - 1]
+    x = np.array([v % (1 << 64) for v in values], dtype=np.uint64).astype(dt)   # wrapped into dt
+    for op in ("sum", "avg", "prod"):
+        out = np.zeros_like(x)
+        world.all_reduce(x, out, x.size, dt, op)
+        want = S.all_reduce(x, N, op, exact_limit=0)          # the closed form (no n-fold loop)
+        exact = S.all_reduce(x, N, op)                       # the element-by-element fold
+        if not (np.array_equal(out, want) and np.array_equal(want, exact)):
+            failures.append(f"{np.dtype(dt).name} {op}: native {out} closed {want} fold {exact}")
+print(json.dumps({"failures": failures}))
+"""
+
+
+@pytest.mark.parametrize("world", [128, 256, 1000])
+def test_integer_reductions_where_the_world_size_does_not_fit_the_type(shim_library, tmp_path, world):
+    """The native closed form, semantics.py's closed form and the rank-by-rank fold agree when n
+    does not fit the element type (int8 avg over 128 ranks of -1 is -1, as NCCL computes it)."""
+    done = _run(EXTREME_WORLD_WORKER, _env(shim_library, NGPU=world, RANK=1, FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["failures"] == []
+
+
 def test_narrow_float_conversions_round_like_ml_dtypes(shim_library, tmp_path):
     """n=1..3 copies of every finite value of each narrow type: every rounding case of the
     float32 -> narrow conversion that a symmetric sum/avg can produce, bit for bit."""

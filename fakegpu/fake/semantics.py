@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from fakegpu import protocol as P
-from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType, reduce_into
+from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType, int_truncating_divide, reduce_into
 
 # Above this many element operations (group size x element count) use the closed forms.
 EXACT_ELEMENT_OPS = 1 << 24
@@ -107,11 +107,13 @@ def _closed_form(x, n, code, scale, dt: Optional[DType], out):
         if code == P.REDOP_PREMULSUM:
             v = v * np.array([scale]).astype(x.dtype)[0]
         if code in (P.REDOP_SUM, P.REDOP_PREMULSUM, P.REDOP_AVG):
-            v = v * x.dtype.type(n)
+            # n modulo 2^bits: n itself may not fit the type (uint8 over 256 ranks), and the
+            # wrapped product is the same.
+            v = v * np.array(n, dtype=np.uint64).astype(x.dtype)
         elif code == P.REDOP_PROD:
             v = _int_power(v, n)
         if code == P.REDOP_AVG:
-            v = _trunc_div(v, n)
+            int_truncating_divide(v, n)
     np.copyto(out, v)
     return out
 
@@ -126,17 +128,6 @@ def _int_power(v: np.ndarray, n: int) -> np.ndarray:
             base = base * base
             n >>= 1
     return result
-
-
-def _trunc_div(v: np.ndarray, n: int) -> np.ndarray:
-    info = np.iinfo(v.dtype)
-    if n > info.max:
-        return np.zeros_like(v)
-    d = v.dtype.type(n)
-    if info.min == 0:
-        return v // d
-    rem = np.fmod(v, d)
-    return (v - rem) // d
 
 
 def all_reduce(x, n, redop="sum", scale=None, **kw) -> np.ndarray:

@@ -31,27 +31,59 @@ long long integer(const char* name, long long fallback, bool* bad) {
   return x;
 }
 
+// The size grammar of fakegpu/env.py's parse_size (pinned for both by tests/size_vectors.json):
+// optional spaces, digits with an optional fraction, optional spaces, a unit (case-insensitive;
+// K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or nothing is
+// bytes), optional spaces; the value must be a whole number of bytes.
 bool bytes(const char* text, uint64_t* out) {
-  if (!text || !*text) return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long x = strtoull(text, &end, 10);
-  if (errno != 0 || end == text) return false;
-  uint64_t mult = 1;
-  if (*end) {
-    switch (toupper((unsigned char)*end)) {
-      case 'K': mult = 1ull << 10; break;
-      case 'M': mult = 1ull << 20; break;
-      case 'G': mult = 1ull << 30; break;
-      default: return false;
-    }
-    end++;
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return false;
+  if (!text) return false;
+  const char* p = text;
+  while (isspace((unsigned char)*p)) p++;
+  if (!isdigit((unsigned char)*p)) return false;
+  using Wide = unsigned __int128;
+  const Wide kLimit = static_cast<Wide>(UINT64_MAX) * 1000000000000ull;  // beyond any answer
+  Wide mantissa = 0, scale = 1;  // value = mantissa / scale
+  for (; isdigit((unsigned char)*p); p++) {
+    mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
+    if (mantissa > kLimit) return false;
   }
-  if (x > UINT64_MAX / mult) return false;
-  *out = x * mult;
+  if (*p == '.') {
+    p++;
+    if (!isdigit((unsigned char)*p)) return false;
+    for (; isdigit((unsigned char)*p); p++) {
+      if (scale > kLimit / 10) {  // more fraction digits than can matter: only zeros keep it whole
+        if (*p != '0') return false;
+        continue;
+      }
+      mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
+      scale *= 10;
+    }
+  }
+  while (isspace((unsigned char)*p)) p++;
+  char unit[4] = {0, 0, 0, 0};
+  size_t len = 0;
+  for (; isalpha((unsigned char)*p); p++) {
+    if (len == 3) return false;
+    unit[len++] = static_cast<char>(tolower((unsigned char)*p));
+  }
+  while (isspace((unsigned char)*p)) p++;
+  if (*p) return false;
+  static const struct { const char* name; uint64_t mult; } kUnits[] = {
+      {"", 1}, {"b", 1},
+      {"k", 1ull << 10}, {"kb", 1000ull}, {"kib", 1ull << 10},
+      {"m", 1ull << 20}, {"mb", 1000000ull}, {"mib", 1ull << 20},
+      {"g", 1ull << 30}, {"gb", 1000000000ull}, {"gib", 1ull << 30},
+      {"t", 1ull << 40}, {"tb", 1000000000000ull}, {"tib", 1ull << 40},
+  };
+  const uint64_t* mult = nullptr;
+  for (const auto& u : kUnits)
+    if (strcmp(u.name, unit) == 0) mult = &u.mult;
+  if (!mult) return false;
+  const Wide total = mantissa * *mult;  // mantissa <= kLimit and mult <= 2^40: no overflow
+  if (total % scale != 0) return false;
+  const Wide value = total / scale;
+  if (value > UINT64_MAX) return false;
+  *out = static_cast<uint64_t>(value);
   return true;
 }
 
@@ -149,3 +181,8 @@ bool flag(const char* name) {
 }
 
 }  // namespace fakegpu::env
+
+// Test hook (tests/test_env_sizes.py): the size grammar above, as the shim reads it.
+extern "C" __attribute__((visibility("default"))) int fakegpu_test_parse_bytes(const char* text, uint64_t* out) {
+  return fakegpu::env::bytes(text, out) ? 1 : 0;
+}

@@ -178,8 +178,7 @@ void reduce_int(int redop, const void* in_v, void* out_v, uint64_t count, int n,
   }
   // Modular arithmetic is exact: n wrapped copies sum to n*x mod 2^bits whatever the order.
   const U un = static_cast<U>(static_cast<uint64_t>(n));
-  U power_n = static_cast<U>(n);
-  const bool avg_is_zero = static_cast<uint64_t>(n) > static_cast<uint64_t>(std::numeric_limits<T>::max());
+  const uint64_t power_n = static_cast<uint64_t>(n);  // not U: 256 would wrap to x^0 in uint8
   for (uint64_t i = 0; i < count; i++) {
     U v = static_cast<U>(in[i]);
     if (redop == kPreMulSum) v = static_cast<U>(v * s);
@@ -187,14 +186,19 @@ void reduce_int(int redop, const void* in_v, void* out_v, uint64_t count, int n,
       v = static_cast<U>(v * un);
     } else if (redop == kProd) {
       U result = 1, base = v;
-      for (U e = power_n; e; e >>= 1) {
+      for (uint64_t e = power_n; e; e >>= 1) {
         if (e & 1) result = static_cast<U>(result * base);
         base = static_cast<U>(base * base);
       }
       v = result;
     }
     T r = static_cast<T>(v);
-    if (redop == kAvg) r = avg_is_zero ? T(0) : static_cast<T>(r / static_cast<T>(n));  // C truncation
+    if (redop == kAvg) {
+      // The wrapped sum divided by n in a 64-bit integer of T's signedness (C truncation toward
+      // zero): n itself may not fit in T (int8 avg over 128 ranks of -1 is -128 / 128 = -1).
+      using Wide = std::conditional_t<std::is_signed<T>::value, int64_t, uint64_t>;
+      r = static_cast<T>(static_cast<Wide>(r) / static_cast<Wide>(n));
+    }
     out[i] = r;
   }
 }

@@ -81,7 +81,7 @@ _BINARY = {P.REDOP_SUM: np.add, P.REDOP_PROD: np.multiply, P.REDOP_MAX: np.maxim
            P.REDOP_MIN: np.minimum, P.REDOP_AVG: np.add, P.REDOP_PREMULSUM: np.add}
 
 
-def _int_truncating_divide(out: np.ndarray, n: int) -> None:
+def int_truncating_divide(out: np.ndarray, n: int) -> None:
     """out = trunc(out / n) in place, with C semantics, for a positive n."""
     info = np.iinfo(out.dtype)
     if n > -int(info.min) if info.min else n > info.max:  # |x| < n for every representable x
@@ -123,7 +123,7 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
             if dt.is_float:
                 np.divide(first, dt.np.type(n), out=first)
             else:
-                _int_truncating_divide(first, n)
+                int_truncating_divide(first, n)
         for r in outputs[1:]:
             np.copyto(r, first)
         return
@@ -161,7 +161,7 @@ def _reduce_range(dt: DType, redop: int, func, svals, inputs, outputs, lo: int, 
                 if dt.is_float:
                     np.divide(o, dt.np.type(n), out=o)
                 else:
-                    _int_truncating_divide(o, n)
+                    int_truncating_divide(o, n)
             for r in rest:
                 np.copyto(r[b:e], o)
         return
