@@ -287,3 +287,19 @@ def test_proxy_checks_and_accounts_every_call(shim_library, tmp_path, standin, s
     assert allreduce["errors"] == 1 and allreduce["socket_bytes"] == 0, allreduce   # the refused call
     p2p = data["point_to_point"]
     assert p2p["operations"] == 2 and p2p["bytes"] == 2 * 48 and p2p["socket_bytes"] == 0, p2p
+
+
+def test_passthrough_report_is_valid_json_for_any_path(shim_library, tmp_path, standin):
+    """The report writes strings with the shim's one JSON writer (fake::json_string): a library
+    path with quotes, backslashes and control characters comes back exactly (the old writer
+    dropped control characters)."""
+    odd = tmp_path / 'a"b\\c\td\x01e'
+    lib = odd / "libnccl.so.2"
+    odd.mkdir()
+    shutil.copy(standin, lib)
+    proc = run_worker(shim_library, {"FAKEGPU_DIST_MODE": "passthrough", "FAKEGPU_REAL_NCCL_PATH": str(lib)},
+                      tmp_path, standin)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "report.json.rank0").read_text())
+    assert report["real_nccl"]["path"] == str(lib)
+    assert report["rank"] == 0 and report["world_size"] == 1

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "env.h"
+#include "fake_events.h"  // fake::json_string, the shim's one JSON string writer
 #include "last_error.h"
 #include "real_nccl.h"
 
@@ -433,22 +434,24 @@ class ForwardingMode : public DistMode {
     if (records_.empty()) return;
     std::string j = "{\n  \"format\": \"fakegpu-rank-report/1\",\n";
     j += "  \"mode\": \"" + std::string(name_) + "\",\n";
-    j += "  \"rank\": " + env::str("RANK", "-1") + ",\n  \"local_rank\": " + env::str("LOCAL_RANK", "-1") +
-         ",\n  \"world_size\": " + env::str("WORLD_SIZE", "-1") + ",\n";
+    // Numbers, whatever the environment holds (RANK=abc must not make the file invalid JSON).
+    auto number = [](const char* name) { return std::to_string(env::integer(name, -1, nullptr)); };
+    j += "  \"rank\": " + number("RANK") + ",\n  \"local_rank\": " + number("LOCAL_RANK") +
+         ",\n  \"world_size\": " + number("WORLD_SIZE") + ",\n";
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    j += "  \"hostname\": \"" + escape(host) + "\",\n  \"pid\": " + std::to_string(getpid()) + ",\n";
+    j += "  \"hostname\": " + fake::json_string(host) + ",\n  \"pid\": " + std::to_string(getpid()) + ",\n";
     const real::Nccl* n = nullptr;
     if (real::load(&n) == ncclSuccess)
-      j += "  \"real_nccl\": {\"path\": \"" + escape(n->path) + "\", \"version\": " + std::to_string(n->version) + "},\n";
+      j += "  \"real_nccl\": {\"path\": " + fake::json_string(n->path) + ", \"version\": " + std::to_string(n->version) + "},\n";
     KindStats total[kNumKinds];
     j += "  \"communicators\": [";
     for (size_t i = 0; i < records_.size(); i++) {
       const CommRecord& r = *records_[i];
       j += std::string(i ? "," : "") + "\n    {\"id\": " + std::to_string(r.id) + ", \"parent\": " +
            std::to_string(r.parent) + ", \"color\": " + std::to_string(r.color) + ", \"rank\": " +
-           std::to_string(r.rank) + ", \"nranks\": " + std::to_string(r.nranks) + ", \"name\": \"" + escape(r.name) +
-           "\", \"state\": \"" + r.state + "\", \"groups\": " + std::to_string(r.groups) + ", \"ops\": " +
+           std::to_string(r.rank) + ", \"nranks\": " + std::to_string(r.nranks) + ", \"name\": " + fake::json_string(r.name) +
+           ", \"state\": \"" + r.state + "\", \"groups\": " + std::to_string(r.groups) + ", \"ops\": " +
            kinds_json(r.kinds) + "}";
       for (int k = 0; k < kNumKinds; k++) {
         total[k].calls += r.kinds[k].calls;
@@ -479,16 +482,6 @@ class ForwardingMode : public DistMode {
     }
     return j + "}";
   }
-  static std::string escape(const std::string& s) {
-    std::string o;
-    for (char ch : s) {
-      if (ch == '"' || ch == '\\') o += '\\';
-      if (static_cast<unsigned char>(ch) < 0x20) continue;
-      o += ch;
-    }
-    return o;
-  }
-
   const char* name_;
   DistMode* coordinator_;
   std::mutex mu_;
