@@ -16,34 +16,19 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Optional, Sequence, Union
 
-MAGIC = b"FGPU"
-VERSION = 2
-HEADER = struct.Struct("<4sHHII")
+# The wire's tables (message types, flag bits, OpDesc layout, kinds, datatypes, reduction operators,
+# result codes) are declared once in spec/wire.py and generated into fakegpu/wire_spec.py and the
+# shim's native/src/generated/wire_spec.h; this module adds the codec around them.
+from fakegpu.wire_spec import *  # noqa: F401,F403  (part of this module's API: P.KIND_NAMES, P.GROUP, ...)
+
+HEADER = struct.Struct(HEADER_FORMAT)
 HEADER_SIZE = HEADER.size  # 16
-OPDESC_STRUCT = struct.Struct("<QBBBBiQQQQQQ8sIIII")
-OPDESC_SIZE = OPDESC_STRUCT.size  # 88
+OPDESC_STRUCT = struct.Struct(OPDESC_FORMAT)
+assert HEADER_SIZE == 16 and OPDESC_STRUCT.size == OPDESC_SIZE == 88
 
-
-def _field_offset(st: struct.Struct, index: int) -> int:
-    """Byte offset of field ``index`` of a packed little-endian struct ("<..." format)."""
-    import re
-    pos = field_no = 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z?])", st.format[1:]):
-        n = int(count or 1)
-        size = struct.calcsize("<" + code)
-        for _ in range(1 if code in "sp" else n):
-            if field_no == index:
-                return pos
-            pos += size * (n if code in "sp" else 1)
-            field_no += 1
-    raise IndexError(index)
-
-
-# OpDesc fields 8 and 9 (in_offset, in_len: two u64 side by side), read as a column by
-# group_payload_layout.
-_OPDESC_IN_OFFSET = _field_offset(OPDESC_STRUCT, 8)
-assert _field_offset(OPDESC_STRUCT, 9) == _OPDESC_IN_OFFSET + 8
-assert HEADER_SIZE == 16 and OPDESC_SIZE == 88
+# OpDesc in_offset and in_len (two u64 side by side), read as a column by group_payload_layout.
+_OPDESC_IN_OFFSET = OPDESC_OFFSETS["in_offset"]
+assert OPDESC_OFFSETS["in_len"] == _OPDESC_IN_OFFSET + 8
 
 MAX_STR_BYTES = 0xFFFF
 # Frames other than GROUP / GROUP_DONE / SIMULATE / ACCOUNT are small; so are descriptor tables (the
@@ -53,112 +38,7 @@ MAX_DESCRIPTOR_BYTES = 16 << 20
 # Before HELLO the staging size is unknown; nothing legitimate is larger than this.
 PRE_HELLO_MAX_BODY = 64 * 1024
 
-# Message types.
-HELLO = 1
-HELLO_OK = 2
-ERROR = 3
-OK = 4
-COMM_INIT = 10
-COMM_INFO = 11
-COMM_SPLIT = 12
-COMM_FREE = 13
-COMM_SHRINK = 14
-ARENA = 15
-ARENA_INFO = 16
-GROUP = 20
-GROUP_DONE = 21
-SIMULATE = 22
-SIMULATE_DONE = 23
-ACCOUNT = 24
-LOCAL_OPS = 25
-PING = 30
-PONG = 31
-SHUTDOWN = 32
-
-MESSAGE_NAMES = {
-    HELLO: "HELLO", HELLO_OK: "HELLO_OK", ERROR: "ERROR", OK: "OK",
-    COMM_INIT: "COMM_INIT", COMM_INFO: "COMM_INFO", COMM_SPLIT: "COMM_SPLIT",
-    COMM_FREE: "COMM_FREE", COMM_SHRINK: "COMM_SHRINK", ARENA: "ARENA", ARENA_INFO: "ARENA_INFO",
-    GROUP: "GROUP", GROUP_DONE: "GROUP_DONE", SIMULATE: "SIMULATE", SIMULATE_DONE: "SIMULATE_DONE",
-    ACCOUNT: "ACCOUNT", LOCAL_OPS: "LOCAL_OPS", PING: "PING", PONG: "PONG", SHUTDOWN: "SHUTDOWN",
-}
-CLIENT_TO_SERVER = frozenset({HELLO, COMM_INIT, COMM_SPLIT, COMM_FREE, COMM_SHRINK, ARENA, GROUP, SIMULATE, ACCOUNT,
-                              LOCAL_OPS, PING, SHUTDOWN})
-SERVER_TO_CLIENT = frozenset({HELLO_OK, ERROR, OK, COMM_INFO, ARENA_INFO, GROUP_DONE, SIMULATE_DONE, PONG})
-# Requests that are never answered (the client sends no request_id worth waiting on).
-UNANSWERED = frozenset({LOCAL_OPS})
-
-# HELLO / HELLO_OK flags.
-HELLO_FLAG_SHM = 1
-# Host-local collectives: HELLO = the client can run them in an arena; HELLO_OK = the coordinator
-# answers ARENA (only ever set together with HELLO_FLAG_SHM).
-HELLO_FLAG_LOCAL = 2
-# GROUP flags.
-GROUP_FLAG_PARTIAL = 1
-# A frame of rejected placeholders sent outside a group (request_id 0): never answered.
-GROUP_FLAG_UNANSWERED = 2
-# GROUP flags bits 16..31: the id of a group sent in several frames (0: a group in one frame).
-GROUP_ID_SHIFT = 16
-# OpDesc flags.
-OP_FLAG_IN_PLACE = 1
-OP_FLAG_FIRST_STEP = 2
-OP_FLAG_LAST_STEP = 4
-# The shim rejected the call's arguments; the op only keeps the rank's place in the order.
-OP_FLAG_REJECTED = 8
-
-# ncclResult_t.
-NCCL_SUCCESS = 0
-NCCL_UNHANDLED_CUDA_ERROR = 1
-NCCL_SYSTEM_ERROR = 2
-NCCL_INTERNAL_ERROR = 3
-NCCL_INVALID_ARGUMENT = 4
-NCCL_INVALID_USAGE = 5
-NCCL_REMOTE_ERROR = 6
-NCCL_IN_PROGRESS = 7
-NCCL_TIMEOUT = 8
-RESULT_NAMES = {
-    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
-    4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
-    8: "ncclTimeout",
-}
-
-# OpDesc kinds.
-KIND_ALLREDUCE = 1
-KIND_BROADCAST = 2
-KIND_REDUCE = 3
-KIND_ALLGATHER = 4
-KIND_REDUCESCATTER = 5
-KIND_ALLTOALL = 6
-KIND_GATHER = 7
-KIND_SCATTER = 8
-KIND_SEND = 9
-KIND_RECV = 10
-KIND_NAMES = {
-    1: "AllReduce", 2: "Broadcast", 3: "Reduce", 4: "AllGather", 5: "ReduceScatter",
-    6: "AlltoAll", 7: "Gather", 8: "Scatter", 9: "Send", 10: "Recv",
-}
-ROOTED_KINDS = frozenset({KIND_BROADCAST, KIND_REDUCE, KIND_GATHER, KIND_SCATTER})
-REDUCING_KINDS = frozenset({KIND_ALLREDUCE, KIND_REDUCE, KIND_REDUCESCATTER})
-P2P_KINDS = frozenset({KIND_SEND, KIND_RECV})
-
-# Reduction operators.
-REDOP_SUM = 0
-REDOP_PROD = 1
-REDOP_MAX = 2
-REDOP_MIN = 3
-REDOP_AVG = 4
-REDOP_PREMULSUM = 5
-REDOP_NAMES = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg", 5: "premulsum"}
-
-# COMM_FREE how.
-FREE_DESTROY = 0
-FREE_ABORT = 1
-FREE_FINALIZE = 2
-
-
-_LARGE_TYPES = frozenset({GROUP, GROUP_DONE, SIMULATE, ACCOUNT, LOCAL_OPS})
-# Kinds a host-local arena runs (single-call collectives); LOCAL_OPS may report only these.
-LOCAL_KINDS = frozenset({KIND_ALLREDUCE, KIND_BROADCAST, KIND_REDUCE, KIND_ALLGATHER, KIND_REDUCESCATTER})
+_LARGE_TYPES = LARGE_TYPES
 
 
 class ProtocolError(Exception):

@@ -17,16 +17,20 @@ import secrets
 import struct
 from typing import Callable, Optional
 
+from fakegpu import wire_spec as W
+
 log = logging.getLogger("fakegpu.coordinator")
 
-MAGIC = 0x52414746            # the bytes "F" "G" "A" "R" read as a little-endian u32
-LAYOUT_VERSION = 2              # 2: rank records hold the 88-byte OpDesc of protocol version 2
-HEADER = struct.Struct("<IIIIQII")   # magic, version, nranks, failed, slot_bytes, pending, closing
-OFF_FAILED = 12
-OFF_PENDING = 24
-OFF_CLOSING = 28
-RECORDS_AT = 4096              # rank r's 256-byte record at RECORDS_AT + 256 * r
-RECORD_BYTES = 256
+# The layout is declared in spec/wire.py (generated into fakegpu/wire_spec.py and the shim's
+# native/src/generated/wire_spec.h).
+MAGIC = W.ARENA_MAGIC                        # the bytes "F" "G" "A" "R" read as a little-endian u32
+LAYOUT_VERSION = W.ARENA_LAYOUT_VERSION
+HEADER = struct.Struct(W.ARENA_HEADER_FORMAT)  # magic, version, nranks, failed, slot_bytes, pending, closing
+OFF_FAILED = W.ARENA_OFF_FAILED
+OFF_PENDING = W.ARENA_OFF_PENDING
+OFF_CLOSING = W.ARENA_OFF_CLOSING
+RECORDS_AT = W.ARENA_RECORDS_AT              # rank r's 256-byte block at RECORDS_AT + 256 * r
+RECORD_BYTES = W.ARENA_RECORD_BLOCK
 PAGE = 4096
 
 # Per-slot cap. Smaller slots keep a round's working set in cache, larger ones need fewer

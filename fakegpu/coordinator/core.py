@@ -127,9 +127,7 @@ def _env_local_slot_bytes() -> Optional[int]:
 
 def logical_bytes(kind: int, count: int, size: int, n: int) -> int:
     """Payload size in the nccl-tests sense (docs/cost-model.md, "nccl-tests conventions")."""
-    if kind in (P.KIND_ALLGATHER, P.KIND_REDUCESCATTER, P.KIND_ALLTOALL, P.KIND_GATHER, P.KIND_SCATTER):
-        return count * size * n
-    return count * size
+    return count * size * (n if P.per_member_blocks(kind) else 1)
 
 
 class Core:

@@ -9,9 +9,9 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.collectives.numerics import DTYPES
-
-D_HANDLE, D_KIND, D_DTYPE, D_REDOP, D_FLAGS, D_ROOT, D_TOTAL, D_STEP, D_IN_OFF, D_IN_LEN, \
-    D_OUT_OFF, D_OUT_LEN, D_SCALAR, D_CALL_SEQ, D_MATCH_SEQ, D_STEP_INDEX, D_STEP_TOTAL = range(17)
+from fakegpu.wire_spec import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,  # noqa: F401
+                               D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR, D_STEP,
+                               D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL)
 
 _REDUCING = P.REDUCING_KINDS
 _ROOTED = P.ROOTED_KINDS
@@ -157,26 +157,7 @@ def mismatch_message(comm, seq: int, steps: list) -> str:
 
 def expected_lengths(kind: int, count: int, size: int, n: int, rank: int, root: int) -> tuple:
     """(in_len, out_len) a member must stage for one step (docs/protocol.md table)."""
-    c = count * size
-    if kind == P.KIND_ALLREDUCE:
-        return c, c
-    if kind == P.KIND_BROADCAST:
-        return (c if rank == root else 0), c
-    if kind == P.KIND_REDUCE:
-        return c, (c if rank == root else 0)
-    if kind == P.KIND_ALLGATHER:
-        return c, n * c
-    if kind == P.KIND_REDUCESCATTER:
-        return n * c, c
-    if kind == P.KIND_ALLTOALL:
-        return n * c, n * c
-    if kind == P.KIND_GATHER:
-        return c, (n * c if rank == root else 0)
-    if kind == P.KIND_SCATTER:
-        return (n * c if rank == root else 0), c
-    if kind == P.KIND_SEND:
-        return c, 0
-    return 0, c  # Recv
+    return P.rank_lengths(kind, count, size, n, rank == root)
 
 
 # A placeholder for a call whose arguments the shim rejected (OP_FLAG_REJECTED): the rank

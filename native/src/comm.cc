@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "env.h"
+#include "generated/wire_spec.h"
 #include "last_error.h"
 
 namespace fakegpu {
@@ -76,21 +77,9 @@ ncclResult_t read_config(const ncclConfig_t* cfg, CommConfig* out, const char* w
   return ncclSuccess;
 }
 
-size_t datatype_size(int dt) {
-  switch (dt) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
-  }
-}
+size_t datatype_size(int dt) { return proto::datatype_size(dt); }
 
-const char* datatype_name(int dt) {
-  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",        "uint64",
-                                "float16", "float32", "float64",  "bfloat16",      "float8e4m3",   "float8e5m2"};
-  return dt >= 0 && dt < 12 ? names[dt] : "invalid";
-}
+const char* datatype_name(int dt) { return proto::datatype_name(dt); }
 
 int default_cuda_device() {
   long long local = env::integer("LOCAL_RANK", 0);

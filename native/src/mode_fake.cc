@@ -45,28 +45,14 @@ namespace {
 
 constexpr size_t kMaxPendingSends = 64;  // per communicator, like semantics.PeerExchange
 
+// The event file's kind: Send and Recv are one "SendRecv" kind there.
 const char* kind_event_name(uint8_t kind) {
-  switch (kind) {
-    case proto::kAllReduce: return "AllReduce";
-    case proto::kBroadcast: return "Broadcast";
-    case proto::kReduce: return "Reduce";
-    case proto::kAllGather: return "AllGather";
-    case proto::kReduceScatter: return "ReduceScatter";
-    case proto::kAlltoAll: return "AlltoAll";
-    case proto::kGather: return "Gather";
-    case proto::kScatter: return "Scatter";
-    default: return "SendRecv";
-  }
+  return proto::kind_info(kind).p2p ? "SendRecv" : proto::kind_name(kind);
 }
 
-const char* redop_name(uint8_t redop) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-  return redop < 6 ? names[redop] : "sum";
-}
+const char* redop_name(uint8_t redop) { return redop < proto::kNumRedops ? proto::kRedopNames[redop] : "sum"; }
 
-bool reduces(uint8_t kind) {
-  return kind == proto::kAllReduce || kind == proto::kReduce || kind == proto::kReduceScatter;
-}
+bool reduces(uint8_t kind) { return proto::kind_info(kind).reduces; }
 
 bool overlap(const void* a, uint64_t alen, const void* b, uint64_t blen) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);

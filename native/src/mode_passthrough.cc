@@ -23,18 +23,12 @@
 namespace fakegpu {
 namespace {
 
-constexpr int kNumKinds = 11;  // proto::OpKind 1..10
+using proto::kNumKinds;
 
 // Logical bytes of one call (nccl-tests' S): what the report sums per kind.
 uint64_t call_bytes(const CollCall& c) {
   const uint64_t s = datatype_size(c.datatype), n = static_cast<uint64_t>(c.comm->nranks);
-  switch (c.kind) {
-    case proto::kAllGather: case proto::kReduceScatter: case proto::kAlltoAll:
-    case proto::kGather: case proto::kScatter:
-      return c.count * s * n;
-    default:
-      return c.count * s;
-  }
+  return c.count * s * (proto::per_member_blocks(c.kind) ? n : 1);
 }
 
 struct KindStats {

@@ -3,38 +3,13 @@
 namespace fakegpu::proto {
 
 const char* type_name(uint16_t type) {
-  switch (type) {
-    case kHello: return "HELLO";
-    case kHelloOk: return "HELLO_OK";
-    case kError: return "ERROR";
-    case kOk: return "OK";
-    case kCommInit: return "COMM_INIT";
-    case kCommInfo: return "COMM_INFO";
-    case kCommSplit: return "COMM_SPLIT";
-    case kCommFree: return "COMM_FREE";
-    case kCommShrink: return "COMM_SHRINK";
-    case kArena: return "ARENA";
-    case kArenaInfo: return "ARENA_INFO";
-    case kGroup: return "GROUP";
-    case kGroupDone: return "GROUP_DONE";
-    case kSimulate: return "SIMULATE";
-    case kSimulateDone: return "SIMULATE_DONE";
-    case kAccount: return "ACCOUNT";
-    case kLocalOps: return "LOCAL_OPS";
-    case kPing: return "PING";
-    case kPong: return "PONG";
-    case kShutdown: return "SHUTDOWN";
-    default: return nullptr;
-  }
+  const MessageInfo* m = message_info(type);
+  return m ? m->name : nullptr;
 }
 
-bool known_type(uint16_t type) { return type_name(type) != nullptr; }
+bool known_type(uint16_t type) { return message_info(type) != nullptr; }
 
-const char* kind_name(uint8_t kind) {
-  static const char* names[] = {"?",      "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
-                                "AlltoAll", "Gather",   "Scatter",   "Send",   "Recv"};
-  return kind <= 10 ? names[kind] : "?";
-}
+const char* kind_name(uint8_t kind) { return kind >= 1 && kind < kNumKinds ? kKindInfo[kind].name : "?"; }
 
 void Writer::str(const std::string& s) {
   size_t n = s.size() > 65535 ? 65535 : s.size();

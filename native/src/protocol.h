@@ -1,4 +1,4 @@
-// Encoding and decoding of the fakegpu wire protocol, version 1 (docs/protocol.md is the
+// Encoding and decoding of the fakegpu wire protocol (docs/protocol.md is the
 // contract; tests/protocol_vectors.json pins the bytes). Pure functions on byte buffers:
 // no I/O here, so the encoder/decoder is testable on its own.
 #pragma once
@@ -9,63 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "generated/wire_spec.h"
+
 namespace fakegpu::proto {
 
 constexpr uint8_t kMagic[4] = {'F', 'G', 'P', 'U'};
-constexpr uint16_t kVersion = 2;
-constexpr size_t kHeaderSize = 16;
-constexpr size_t kOpDescSize = 88;
 constexpr size_t kUniqueIdBytes = 128;
 
-enum MsgType : uint16_t {
-  kHello = 1,
-  kHelloOk = 2,
-  kError = 3,
-  kOk = 4,
-  kCommInit = 10,
-  kCommInfo = 11,
-  kCommSplit = 12,
-  kCommFree = 13,
-  kCommShrink = 14,
-  kArena = 15,      // host-local collectives: ask for the comm's shared-memory arena -> ARENA_INFO
-  kArenaInfo = 16,
-  kGroup = 20,
-  kGroupDone = 21,
-  kSimulate = 22,
-  kSimulateDone = 23,
-  kAccount = 24,  // proxy mode: OpDescs of forwarded calls, matched and accounted; answered by GROUP_DONE
-  kLocalOps = 25,  // comm rank 0 reports calls run in an arena; never answered
-  kPing = 30,
-  kPong = 31,
-  kShutdown = 32,
-};
-const char* type_name(uint16_t type);
+// Message types, kinds, flag bits, OpDesc offsets, datatypes: generated from spec/wire.py.
+const char* type_name(uint16_t type);  // nullptr for a type the protocol does not have
 bool known_type(uint16_t type);
-
-enum OpKind : uint8_t {
-  kAllReduce = 1, kBroadcast = 2, kReduce = 3, kAllGather = 4, kReduceScatter = 5,
-  kAlltoAll = 6, kGather = 7, kScatter = 8, kSend = 9, kRecv = 10,
-};
-const char* kind_name(uint8_t kind);
-
-// OpDesc.flags bits.
-constexpr uint8_t kOpInPlace = 1u << 0;
-constexpr uint8_t kOpFirstStep = 1u << 1;
-constexpr uint8_t kOpLastStep = 1u << 2;
-constexpr uint8_t kOpRejected = 1u << 3;  // the shim rejected the arguments: a placeholder keeping the order
-// GROUP.flags bits.
-constexpr uint32_t kGroupPartial = 1u << 0;
-// A frame of rejected placeholders only, sent outside a group: never answered (docs/protocol.md).
-constexpr uint32_t kGroupUnanswered = 1u << 1;
-// GROUP flags bits 16..31: the id of a group sent in several frames (0: one frame).
-constexpr uint32_t kGroupIdShift = 16;
-// HELLO.flags / HELLO_OK.flags bits.
-constexpr uint32_t kHelloShm = 1u << 0;
-// The client can run host-local collectives in an arena (HELLO); the coordinator answers ARENA (HELLO_OK).
-constexpr uint32_t kHelloLocal = 1u << 1;
-
-// COMM_FREE.how
-enum FreeHow : uint32_t { kFreeDestroy = 0, kFreeAbort = 1, kFreeFinalize = 2 };
+const char* kind_name(uint8_t kind);   // "?" for a code that is no kind
 
 struct FrameHeader {
   uint16_t version = kVersion;

@@ -31,25 +31,8 @@ void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpD
 }
 
 void step_lengths(const CollCall& c, uint64_t cnt, uint64_t* in_len, uint64_t* out_len) {
-  const uint64_t s = datatype_size(c.datatype);
-  const uint64_t n = static_cast<uint64_t>(c.comm->nranks);
-  const bool root = c.comm->rank == c.root;
-  const uint64_t one = cnt * s, all = n * cnt * s;
-  uint64_t in = 0, out = 0;
-  switch (c.kind) {
-    case proto::kAllReduce: in = one; out = one; break;
-    case proto::kBroadcast: in = root ? one : 0; out = one; break;
-    case proto::kReduce: in = one; out = root ? one : 0; break;
-    case proto::kAllGather: in = one; out = all; break;
-    case proto::kReduceScatter: in = all; out = one; break;
-    case proto::kAlltoAll: in = all; out = all; break;
-    case proto::kGather: in = one; out = root ? all : 0; break;
-    case proto::kScatter: in = root ? all : 0; out = one; break;
-    case proto::kSend: in = one; break;
-    case proto::kRecv: out = one; break;
-  }
-  *in_len = in;
-  *out_len = out;
+  proto::rank_lengths(c.kind, cnt, datatype_size(c.datatype), static_cast<uint64_t>(c.comm->nranks),
+                      c.comm->rank == c.root, in_len, out_len);
 }
 
 ncclResult_t plan_steps(const std::vector<CollCall>& calls, uint64_t S, std::vector<Step>* steps) {

@@ -25,13 +25,7 @@ struct Step {
 
 // m in C = floor(S / (s * m)): n for the kinds whose buffers hold one block per rank.
 inline uint64_t block_factor(uint8_t kind, int nranks) {
-  switch (kind) {
-    case proto::kAllGather: case proto::kReduceScatter: case proto::kAlltoAll:
-    case proto::kGather: case proto::kScatter:
-      return static_cast<uint64_t>(nranks);
-    default:
-      return 1;
-  }
+  return proto::per_member_blocks(kind) ? static_cast<uint64_t>(nranks) : 1;
 }
 
 // The wire OpDesc of step `st` of call `c` (a device-resident PreMulSum scalar is read now,

@@ -45,27 +45,24 @@ class DType:
         return self.acc != self.np
 
 
-def _dt(code, name, npt, is_float, acc, saturate=None) -> DType:
+def _dt(code, npt, acc, saturate=None) -> DType:
+    """The numpy side of datatype `code`; its name, size and kind come from spec/wire.py."""
     npt = np.dtype(npt)
-    return DType(code, name, npt, npt.itemsize, is_float, np.dtype(acc), saturate)
+    if npt.itemsize != P.DATATYPE_SIZES[code]:
+        raise AssertionError(f"datatype {code}: numpy {npt} is not {P.DATATYPE_SIZES[code]} bytes")
+    return DType(code, P.DATATYPE_NAMES[code], npt, npt.itemsize, P.DATATYPE_IS_FLOAT[code], np.dtype(acc), saturate)
 
 
-DTYPES: dict[int, DType] = {d.code: d for d in (
-    _dt(0, "int8", np.int8, False, np.int8),
-    _dt(1, "uint8", np.uint8, False, np.uint8),
-    _dt(2, "int32", np.int32, False, np.int32),
-    _dt(3, "uint32", np.uint32, False, np.uint32),
-    _dt(4, "int64", np.int64, False, np.int64),
-    _dt(5, "uint64", np.uint64, False, np.uint64),
-    _dt(6, "float16", np.float16, True, np.float32),
-    _dt(7, "float32", np.float32, True, np.float32),
-    _dt(8, "float64", np.float64, True, np.float64),
-    _dt(9, "bfloat16", ml_dtypes.bfloat16, True, np.float32),
-    _dt(10, "float8e4m3", ml_dtypes.float8_e4m3fn, True, np.float32,
-        float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)),
-    _dt(11, "float8e5m2", ml_dtypes.float8_e5m2, True, np.float32,
-        float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)),
-)}
+_NUMPY_TYPES = {  # code: (storage type, accumulator type)
+    0: (np.int8, np.int8), 1: (np.uint8, np.uint8), 2: (np.int32, np.int32), 3: (np.uint32, np.uint32),
+    4: (np.int64, np.int64), 5: (np.uint64, np.uint64), 6: (np.float16, np.float32),
+    7: (np.float32, np.float32), 8: (np.float64, np.float64), 9: (ml_dtypes.bfloat16, np.float32),
+    10: (ml_dtypes.float8_e4m3fn, np.float32), 11: (ml_dtypes.float8_e5m2, np.float32),
+}
+# float8 results saturate at the largest finite value (NCCL's conversion with saturation).
+_SATURATE = {10: float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max),
+             11: float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)}
+DTYPES: dict[int, DType] = {code: _dt(code, *_NUMPY_TYPES[code], _SATURATE.get(code)) for code in P.DATATYPE_NAMES}
 DTYPE_BY_NAME = {d.name: d for d in DTYPES.values()}
 ELEM_SIZE = {code: d.size for code, d in DTYPES.items()}
 

@@ -15,13 +15,9 @@ using namespace fakegpu;
 
 namespace {
 
-bool has_root(uint8_t kind) {
-  return kind == proto::kBroadcast || kind == proto::kReduce || kind == proto::kGather || kind == proto::kScatter ||
-         kind == proto::kSend || kind == proto::kRecv;
-}
-bool reduces(uint8_t kind) {
-  return kind == proto::kAllReduce || kind == proto::kReduce || kind == proto::kReduceScatter;
-}
+// Rooted collectives and Send/Recv carry a rank (root or peer) in the OpDesc's root field.
+bool has_root(uint8_t kind) { return proto::kind_info(kind).rooted || proto::kind_info(kind).p2p; }
+bool reduces(uint8_t kind) { return proto::kind_info(kind).reduces; }
 
 // Resolves `op` for `comm`/`dt` into the wire redop and the PreMulSum scalar.
 ncclResult_t resolve_op(const char* fn, ncclComm* comm, ncclRedOp_t op, ncclDataType_t dt, CollCall* c) {
@@ -122,17 +118,10 @@ ncclResult_t submit(const char* fn, uint8_t kind, const void* sendbuff, void* re
 
   if (count > 0) {
     const bool root_me = has_root(kind) && root == me;
-    bool need_send = false, need_recv = false;
-    switch (kind) {
-      case proto::kAllReduce: case proto::kAllGather: case proto::kReduceScatter: case proto::kAlltoAll:
-        need_send = need_recv = true; break;
-      case proto::kBroadcast: need_send = root_me; need_recv = true; break;
-      case proto::kReduce: need_send = true; need_recv = root_me; break;
-      case proto::kGather: need_send = true; need_recv = root_me; break;
-      case proto::kScatter: need_send = root_me; need_recv = true; break;
-      case proto::kSend: need_send = true; break;
-      case proto::kRecv: need_recv = true; break;
-    }
+    // A buffer is needed where this rank has input (resp. output) bytes: the protocol's length table.
+    const proto::KindInfo& k = proto::kind_info(kind);
+    const bool need_send = k.in_blocks > 0 && (!k.in_root_only || root_me);
+    const bool need_recv = k.out_blocks > 0 && (!k.out_root_only || root_me);
     if (need_send && !sendbuff) return reject(c, failf(ncclInvalidArgument, "%s: sendbuff is NULL", fn));
     if (need_recv && !recvbuff) return reject(c, failf(ncclInvalidArgument, "%s: recvbuff is NULL", fn));
     const uint8_t* sb = static_cast<const uint8_t*>(sendbuff);

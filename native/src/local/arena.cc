@@ -45,7 +45,9 @@ constexpr int kSpinChecks = 256;
 // ~190 us without these yields, ~65 us with them).
 constexpr int kYieldChecks = 16;
 
-uint64_t data_offset(int nranks) { return (4096 + 256ull * nranks + 4095) & ~4095ull; }
+uint64_t data_offset(int nranks) {
+  return (arena_layout::kRecordsAt + arena_layout::kRecordBlock * static_cast<uint64_t>(nranks) + 4095) & ~4095ull;
+}
 
 }  // namespace
 
@@ -86,11 +88,11 @@ Arena* Arena::open(const std::string& path, uint64_t total_bytes, uint64_t slot_
   a->rank_ = rank;
   a->data_ = a->base_ + data_offset(nranks);
   uint32_t magic, version, n;
-  memcpy(&magic, a->base_, 4);
-  memcpy(&version, a->base_ + 4, 4);
-  memcpy(&n, a->base_ + 8, 4);
+  memcpy(&magic, a->base_ + arena_layout::kOffMagic, 4);
+  memcpy(&version, a->base_ + arena_layout::kOffVersion, 4);
+  memcpy(&n, a->base_ + arena_layout::kOffNranks, 4);
   uint64_t slot;
-  memcpy(&slot, a->base_ + 16, 8);
+  memcpy(&slot, a->base_ + arena_layout::kOffSlotBytes, 8);
   if (magic != kArenaMagic || version != kArenaVersion || n != static_cast<uint32_t>(nranks) || slot != slot_bytes) {
     delete a;
     *err = path + " is not an arena of this communicator (header mismatch)";

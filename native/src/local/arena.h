@@ -10,20 +10,24 @@
 #include <cstdint>
 #include <string>
 
+#include "generated/wire_spec.h"
+
 namespace fakegpu::local {
 
-constexpr uint32_t kArenaMagic = 0x52414746;  // bytes 'F' 'G' 'A' 'R'
-constexpr uint32_t kArenaVersion = 2;  // 2: records hold the 88-byte OpDesc of protocol 2
+// The layout is declared in spec/wire.py (generated/wire_spec.h, fakegpu/wire_spec.py).
+constexpr uint32_t kArenaMagic = arena_layout::kMagic;  // bytes 'F' 'G' 'A' 'R'
+constexpr uint32_t kArenaVersion = arena_layout::kVersion;
 constexpr uint32_t kBrokenCount = 0xFFFFFFFFu;  // sync word's arrivals once the arena was given up
 
 // One rank's record for a round parity: which round it is in, when it arrived, and its call.
 struct RankRecord {
   uint64_t round;
   double arrival;             // epoch seconds
-  uint8_t desc[88];           // proto OpDesc of the call (first round of a call)
-  uint8_t pad[128 - 104];
+  uint8_t desc[proto::kOpDescSize];  // proto OpDesc of the call (first round of a call)
+  uint8_t pad[arena_layout::kRecordBytes - 16 - proto::kOpDescSize];
 };
-static_assert(sizeof(RankRecord) == 128, "two records per rank in its 256-byte block");
+static_assert(sizeof(RankRecord) == arena_layout::kRecordBytes, "two records per rank in its block");
+static_assert(2 * arena_layout::kRecordBytes == arena_layout::kRecordBlock, "one record per round parity");
 
 class Arena {
  public:
@@ -41,7 +45,8 @@ class Arena {
   uint8_t* input_slot(uint64_t round, int r) const { return data_ + parity(round) * (nranks_ + 1) * slot_ + r * slot_; }
   uint8_t* output_slot(uint64_t round) const { return input_slot(round, nranks_); }
   RankRecord* record(uint64_t round, int r) const {
-    return reinterpret_cast<RankRecord*>(base_ + 4096 + 256 * static_cast<uint64_t>(r) + 128 * parity(round));
+    return reinterpret_cast<RankRecord*>(base_ + arena_layout::kRecordsAt + arena_layout::kRecordBlock * static_cast<uint64_t>(r) +
+                                         arena_layout::kRecordBytes * parity(round));
   }
 
   // The round a call starting now gets: the generation of the barrier it will meet first.
@@ -50,9 +55,9 @@ class Arena {
 
   // What the coordinator writes: a member that left (monotonic), and how many collectives of
   // this communicator wait at the coordinator for members right now.
-  uint32_t failed_rank_plus_one() const { return load32(12); }
-  uint32_t pending() const { return load32(24); }
-  bool closing() const { return load32(28) != 0; }  // the coordinator is stopping
+  uint32_t failed_rank_plus_one() const { return load32(arena_layout::kOffFailed); }
+  uint32_t pending() const { return load32(arena_layout::kOffPending); }
+  bool closing() const { return load32(arena_layout::kOffClosing) != 0; }  // the coordinator is stopping
   bool broken() const { return (sync().load(std::memory_order_acquire) & 0xFFFFFFFFu) == kBrokenCount; }
   // True when a call may start here: no member left, nothing waiting at the coordinator (the
   // members must not split between the two paths), the arena not given up.
@@ -77,8 +82,9 @@ class Arena {
   uint32_t load32(size_t off) const {
     return reinterpret_cast<const std::atomic<uint32_t>*>(base_ + off)->load(std::memory_order_acquire);
   }
-  std::atomic<uint64_t>& sync() const { return *reinterpret_cast<std::atomic<uint64_t>*>(base_ + 64); }
-  uint32_t* generation_word() const { return reinterpret_cast<uint32_t*>(base_ + 68); }
+  std::atomic<uint64_t>& sync() const { return *reinterpret_cast<std::atomic<uint64_t>*>(base_ + arena_layout::kOffSync); }
+  // The high half of the sync word (little-endian): the futex waits on it.
+  uint32_t* generation_word() const { return reinterpret_cast<uint32_t*>(base_ + arena_layout::kOffSync + 4); }
   // Leaves generation `gen` again (withdraw) or breaks the arena, unless the generation
   // completed meanwhile; returns true when it did complete.
   bool leave(uint32_t gen, bool withdraw);

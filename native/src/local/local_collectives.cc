@@ -64,19 +64,18 @@ double wall_now() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-bool is_local_kind(uint8_t kind) {
-  return kind == proto::kAllReduce || kind == proto::kBroadcast || kind == proto::kReduce ||
-         kind == proto::kAllGather || kind == proto::kReduceScatter;
-}
+bool is_local_kind(uint8_t kind) { return proto::kind_info(kind).local; }
 
-bool rooted(uint8_t kind) { return kind == proto::kBroadcast || kind == proto::kReduce; }
+bool rooted(uint8_t kind) { return proto::kind_info(kind).rooted; }
 
 // The fields of two OpDescs that the members must agree on (the coordinator's matching rule):
 // kind, datatype, redop, root, count and the call's place in the matching order. Offsets per
 // docs/protocol.md's OpDesc table.
 bool same_call(const uint8_t* a, const uint8_t* b) {
-  return memcmp(a + 8, b + 8, 3) == 0 && memcmp(a + 12, b + 12, 4) == 0 && memcmp(a + 16, b + 16, 8) == 0 &&
-         memcmp(a + 76, b + 76, 4) == 0;
+  namespace o = proto::opdesc;
+  static_assert(o::kDatatype == o::kKind + 1 && o::kRedop == o::kKind + 2, "kind, datatype, redop side by side");
+  return memcmp(a + o::kKind, b + o::kKind, 3) == 0 && memcmp(a + o::kRoot, b + o::kRoot, 4) == 0 &&
+         memcmp(a + o::kTotalCount, b + o::kTotalCount, 8) == 0 && memcmp(a + o::kMatchSeq, b + o::kMatchSeq, 4) == 0;
 }
 
 void send_batch_locked(Client* client, CommState* st) {
@@ -331,7 +330,7 @@ bool try_run(Client* client, const CollCall& c, ncclResult_t* rc) {
     // A disagreement: every member sees the same records and hands the call to the
     // coordinator, which reports it as it always has.
     if (!same_call(mine->desc, rec->desc)) return false;
-    memcpy(scalar_store[r].data(), rec->desc + 64, 8);
+    memcpy(scalar_store[r].data(), rec->desc + proto::opdesc::kScalar, 8);
     arrivals[r] = rec->arrival;
   }
   const double first_arrival = *std::min_element(arrivals.begin(), arrivals.end());

@@ -1,0 +1,56 @@
+"""The wire tables are declared once (spec/wire.py) and generated for C++, Python and the docs.
+
+A generated file that no longer matches the spec fails here: run `python spec/generate.py`.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import fakegpu.protocol as P
+from fakegpu import wire_spec as W
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_files_are_up_to_date():
+    done = subprocess.run([sys.executable, str(ROOT / "spec" / "generate.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"stale generated files (run python spec/generate.py):\n{done.stdout}{done.stderr}"
+
+
+def test_protocol_module_exposes_the_generated_tables():
+    # protocol.py is the codec around the generated tables; it must not redefine any of them.
+    for name in W.__all__:
+        assert getattr(P, name) is getattr(W, name), name
+    assert P.OPDESC_STRUCT.size == W.OPDESC_SIZE == 88
+    assert P.HEADER.size == 16
+
+
+def test_lengths_rule_matches_the_documented_table():
+    """rank_lengths (generated) against the table of docs/protocol.md, written out by hand here."""
+    c, n = 12, 5
+    table = {  # kind: (root in, root out, other in, other out)
+        "AllReduce": (c, c, c, c), "Broadcast": (c, c, 0, c), "Reduce": (c, c, c, 0),
+        "AllGather": (c, n * c, c, n * c), "ReduceScatter": (n * c, c, n * c, c),
+        "AlltoAll": (n * c, n * c, n * c, n * c), "Gather": (c, n * c, c, 0), "Scatter": (n * c, c, 0, c),
+        "Send": (c, 0, c, 0), "Recv": (0, c, 0, c),
+    }
+    for kind, name in P.KIND_NAMES.items():
+        got = P.rank_lengths(kind, 3, 4, n, True) + P.rank_lengths(kind, 3, 4, n, False)
+        assert got == table[name], name
+        assert P.per_member_blocks(kind) == (name in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"))
+
+
+def test_a_contradictory_spec_is_refused(tmp_path):
+    """generate.py checks the spec itself: a duplicate message code is an error naming the table."""
+    source = (ROOT / "spec" / "wire.py").read_text()
+    bad = source.replace('(2, "HELLO_OK"', '(1, "HELLO_OK"', 1)
+    assert bad != source
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "wire.py").write_text(bad)
+    (tmp_path / "spec" / "generate.py").write_text((ROOT / "spec" / "generate.py").read_text())
+    done = subprocess.run([sys.executable, str(tmp_path / "spec" / "generate.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "MESSAGES has a duplicate code or name" in done.stderr
