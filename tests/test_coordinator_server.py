@@ -273,19 +273,15 @@ def test_ping_and_shutdown_cli(coordinator, tmp_path):
     assert report.exists()
 
 
-def test_small_allreduce_latency(coordinator, tmp_path):
-    """4 ranks x 4-byte allreduce through real sockets (Python clients in threads, so
-    this bounds the coordinator's share loosely; the shim benchmark gives the real figure)."""
+def test_many_small_allreduces_in_a_row(coordinator, tmp_path):
+    """200 back-to-back 4-rank 4-byte allreduces through real sockets, each with its own
+    inputs: every result exact and the right call's (the latency figure is the shim
+    benchmark's job, not a test's)."""
     c = coordinator("--address", str(tmp_path / "c.sock"))
     clients, handles = world(c.address, 4)
-    times = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        allreduce(clients, handles, [[1.0], [2.0], [3.0], [4.0]])
-        times.append(time.perf_counter() - t0)
-    median_us = sorted(times)[len(times) // 2] * 1e6
-    print(f"4-rank 4-byte allreduce, sequential Python clients: median {median_us:.0f} us")
-    assert median_us < 5000
+    for i in range(200):
+        got = allreduce(clients, handles, [[float(i)], [2.0 * i], [3.0], [0.5 * i]])
+        assert all(g.tolist() == [3.5 * i + 3.0] for g in got), (i, got)
 
 
 def test_cluster_config_simulate_and_report(coordinator, tmp_path):
