@@ -347,7 +347,7 @@ def _inputs(dt, n, count, rng):
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_every_collective_on_every_dtype(n):
-    from fakegpu.coordinator.collectives.numerics import reference_reduce
+    from helpers.numpy_reduce import reference_reduce
     rng = np.random.default_rng(n)
     h = Harness(max_staging_bytes=1 << 16)
     handles = world(h, n)

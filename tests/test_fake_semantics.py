@@ -5,7 +5,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, reference_reduce
+from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME
+from helpers.numpy_reduce import reference_reduce
 from fakegpu.fake import semantics as S
 
 ALL_DTYPES = sorted(DTYPE_BY_NAME)

@@ -1,5 +1,5 @@
 """The shim's n-way reduction for host-local collectives (native/src/local/reduce_n.cc), through
-its test hook fakegpu_test_reduce_n, against the coordinator's reduce_into
+its test hook fakegpu_reduce_n, against the coordinator's reduce_into
 (fakegpu/coordinator/collectives/numerics.py): every datatype x redop, n in {1,2,3,4,8}, counts
 around the 2048-element block, special values, wrapping, saturation. Results are compared
 byte for byte; the only NaN-aware comparison is the one case where numpy itself is not
@@ -12,6 +12,7 @@ import pytest
 from cffi import FFI
 
 from fakegpu.coordinator.collectives import numerics as N
+from helpers import numpy_reduce
 
 SUM, PROD, MAX, MIN, AVG, PREMUL = range(6)
 COUNTS = (0, 1, 3, 2047, 2048, 2049, 10000)
@@ -30,7 +31,7 @@ UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 def reduce_n(shim_library):
     """reduce_n(dt, redop, inputs, scalars) -> the shim's result (a new array of dt.np)."""
     ffi = FFI()
-    ffi.cdef("int fakegpu_test_reduce_n(int datatype, int redop, const void* const* inputs, int n,"
+    ffi.cdef("int fakegpu_reduce_n(int datatype, int redop, const void* const* inputs, int n,"
              " void* out, uint64_t count, const uint8_t* scalars);")
     lib = ffi.dlopen(shim_library)
 
@@ -40,9 +41,9 @@ def reduce_n(shim_library):
         keep = [ffi.from_buffer(np.ascontiguousarray(x)) for x in inputs]
         ptrs = ffi.new("const void*[]", [ffi.cast("const void*", k) for k in keep])
         raw = ffi.from_buffer(b"".join(scalars)) if scalars is not None else ffi.NULL
-        rc = lib.fakegpu_test_reduce_n(dt.code if datatype is None else datatype, redop, ptrs,
+        rc = lib.fakegpu_reduce_n(dt.code if datatype is None else datatype, redop, ptrs,
                                        len(inputs), ffi.from_buffer(out), count, raw)
-        assert rc == 0, f"fakegpu_test_reduce_n refused {dt.name} redop {redop}"
+        assert rc == 0, f"fakegpu_reduce_n refused {dt.name} redop {redop}"
         assert (out[count * dt.size:] == 0x5A).all(), "wrote past the end of the output"
         return out[:count * dt.size].view(dt.np)
 
@@ -54,7 +55,7 @@ def reduce_n(shim_library):
 def coordinator_result(dt, redop, inputs, scalars=None):
     out = np.full(len(inputs[0]), 7, dt.np)
     with np.errstate(all="ignore"):  # inf - inf, overflow: meant to happen here
-        N.reduce_into(dt, redop, inputs, [out], scalars if redop == PREMUL else None)
+        numpy_reduce.numpy_reduce_into(dt, redop, inputs, [out], scalars if redop == PREMUL else None)
     return out
 
 
@@ -269,15 +270,15 @@ def test_refuses_unknown_arguments(reduce_n):
     ptrs = ffi.new("const void*[]", [ffi.cast("const void*", buf)])
     out = ffi.from_buffer(np.zeros(4, np.float32))
     sc = ffi.new("uint8_t[8]")
-    assert lib.fakegpu_test_reduce_n(7, SUM, ptrs, 1, out, 4, ffi.NULL) == 0
-    assert lib.fakegpu_test_reduce_n(12, SUM, ptrs, 1, out, 4, ffi.NULL) == -1
-    assert lib.fakegpu_test_reduce_n(-1, SUM, ptrs, 1, out, 4, ffi.NULL) == -1
-    assert lib.fakegpu_test_reduce_n(7, 6, ptrs, 1, out, 4, ffi.NULL) == -1
-    assert lib.fakegpu_test_reduce_n(7, -1, ptrs, 1, out, 4, ffi.NULL) == -1
-    assert lib.fakegpu_test_reduce_n(7, SUM, ptrs, 0, out, 4, ffi.NULL) == -1
-    assert lib.fakegpu_test_reduce_n(7, PREMUL, ptrs, 1, out, 4, ffi.NULL) == -1  # no scalars
-    assert lib.fakegpu_test_reduce_n(7, PREMUL, ptrs, 1, out, 4, sc) == 0
-    assert lib.fakegpu_test_reduce_n(7, SUM, ffi.NULL, 3, ffi.NULL, 0, ffi.NULL) == 0  # nothing to do
+    assert lib.fakegpu_reduce_n(7, SUM, ptrs, 1, out, 4, ffi.NULL) == 0
+    assert lib.fakegpu_reduce_n(12, SUM, ptrs, 1, out, 4, ffi.NULL) == -1
+    assert lib.fakegpu_reduce_n(-1, SUM, ptrs, 1, out, 4, ffi.NULL) == -1
+    assert lib.fakegpu_reduce_n(7, 6, ptrs, 1, out, 4, ffi.NULL) == -1
+    assert lib.fakegpu_reduce_n(7, -1, ptrs, 1, out, 4, ffi.NULL) == -1
+    assert lib.fakegpu_reduce_n(7, SUM, ptrs, 0, out, 4, ffi.NULL) == -1
+    assert lib.fakegpu_reduce_n(7, PREMUL, ptrs, 1, out, 4, ffi.NULL) == -1  # no scalars
+    assert lib.fakegpu_reduce_n(7, PREMUL, ptrs, 1, out, 4, sc) == 0
+    assert lib.fakegpu_reduce_n(7, SUM, ffi.NULL, 3, ffi.NULL, 0, ffi.NULL) == 0  # nothing to do
 
 
 @pytest.mark.parametrize("code", [2, 7, 9])

@@ -13,12 +13,12 @@ right shapes, dtypes and plausible values:
   non-root, which has no list to take it from);
 - send/recv: see :class:`PeerExchange`.
 
-Reductions are dtype-exact like the real data path (fakegpu.coordinator.collectives.numerics):
-floats narrower than float32 accumulate in float32 and round once, float64 in float64, in
-rank order; integer sums wrap and integer avg truncates.  For that we fold n copies of x
-with the coordinator's own ``reduce_into``; above ``EXACT_ELEMENT_OPS`` element operations
-(n x count) we switch to the closed forms above, computed in the accumulator type and rounded
-once, which can differ from rank-ordered folding in the last bit for float sums.
+Reductions are dtype-exact like the real data path, and they are the shim's own code
+(native/src/fake_numerics.cc, called through fakegpu/native_numerics.py): floats narrower than
+float32 accumulate in float32 and round once, float64 in float64, n copies folded in rank order;
+integer sums wrap and integer avg truncates. Above ``EXACT_ELEMENT_OPS`` element operations
+(n x count) the closed forms above are used, computed in the accumulator type and rounded once,
+which can differ from rank-ordered folding in the last bit for float sums.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from typing import Optional
 import numpy as np
 
 from fakegpu import protocol as P
-from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType, int_truncating_divide, reduce_into
+from fakegpu import native_numerics
+from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType
 
 # Above this many element operations (group size x element count) use the closed forms.
 EXACT_ELEMENT_OPS = 1 << 24
@@ -54,7 +55,9 @@ def _redop_code(redop) -> int:
 
 def reduce_symmetric(x: np.ndarray, n: int, redop="sum", scale: Optional[float] = None,
                      *, exact_limit: int = EXACT_ELEMENT_OPS) -> np.ndarray:
-    """The reduction of n copies of ``x`` (a new 1-D array of x's dtype)."""
+    """The reduction of n copies of ``x`` (a new 1-D array of x's dtype): the shim's own
+    fake-mode reduction (native/src/fake_numerics.cc through fakegpu/native_numerics.py), so the
+    Python and the native fake modes compute the same bits by construction."""
     if n < 1:
         raise ValueError(f"group size must be at least 1, got {n}")
     code = _redop_code(redop)
@@ -68,52 +71,41 @@ def reduce_symmetric(x: np.ndarray, n: int, redop="sum", scale: Optional[float] 
         np.copyto(out, x)
         return out
     dt = dtype_of(x)
-    if dt is not None and n * x.size <= exact_limit:
-        scalars = None
-        if code == P.REDOP_PREMULSUM:
-            scalars = [np.array([scale]).astype(dt.np).tobytes().ljust(8, b"\0")] * n
-        reduce_into(dt, code, [x] * n, [out], scalars)
+    if dt is not None:
+        # The scale is a value of the op's datatype (NCCL's scalar argument).
+        scalar = np.array([scale]).astype(dt.np).tobytes() if code == P.REDOP_PREMULSUM else None
+        native_numerics.reduce_symmetric(dt.code, code, x, out, n, scalar, exact_limit)
         return out
-    return _closed_form(x, n, code, scale, dt, out)
+    return _untyped_closed_form(x, n, code, scale, out)
 
 
-def _closed_form(x, n, code, scale, dt: Optional[DType], out):
-    is_float = np.issubdtype(x.dtype, np.floating) or (dt is not None and dt.is_float)
-    if is_float:
-        acc_t = (dt.acc if dt is not None else np.dtype(np.float64 if x.dtype == np.float64 else np.float32)).type
-        acc = x.astype(acc_t)
-        if code == P.REDOP_PREMULSUM:
-            # The scale is a value of the op's datatype (NCCL's scalar argument).
-            s = np.array([scale]).astype(x.dtype).astype(acc_t)[0]
-            acc = acc * s
-        if code in (P.REDOP_SUM, P.REDOP_PREMULSUM):
-            acc = acc * acc_t(n)
-        elif code == P.REDOP_AVG:
-            acc = (acc * acc_t(n)) / acc_t(n)
-        elif code == P.REDOP_PROD:
-            # Narrow powers in float64, rounded once: numpy's float32 power and C's powf disagree
-            # in the last bits, the rounded float64 power does not (fake_numerics.cc does the same).
-            acc = np.power(acc.astype(np.float64), n).astype(acc_t) if acc.dtype.itemsize < 8 else np.power(acc, n)
-        if dt is not None and dt.saturate is not None:
-            acc = np.clip(acc, -dt.saturate, dt.saturate)
-        np.copyto(out, acc, casting="unsafe")
-        return out
+def _untyped_closed_form(x, n, code, scale, out):
+    """Arrays of a dtype NCCL has no type for (torch's int16 and bool tensors): numpy, closed
+    form. Their collectives exist only in the Python fake backend."""
     if x.dtype == np.bool_:
         np.copyto(out, x)   # logical or/and of identical values
         return out
-    # Integers: numpy array arithmetic wraps modulo 2^bits, like NCCL.
+    if np.issubdtype(x.dtype, np.floating):
+        acc = x.astype(np.float64)
+        if code == P.REDOP_PREMULSUM:
+            acc = acc * float(np.array([scale]).astype(x.dtype)[0])
+        if code in (P.REDOP_SUM, P.REDOP_PREMULSUM):
+            acc = acc * n
+        elif code == P.REDOP_PROD:
+            acc = np.power(acc, n)
+        np.copyto(out, acc, casting="unsafe")
+        return out
+    # Integers narrower than 32 bits: numpy arithmetic wraps modulo 2^bits, like NCCL.
     with np.errstate(over="ignore"):
         v = x.copy()
         if code == P.REDOP_PREMULSUM:
             v = v * np.array([scale]).astype(x.dtype)[0]
         if code in (P.REDOP_SUM, P.REDOP_PREMULSUM, P.REDOP_AVG):
-            # n modulo 2^bits: n itself may not fit the type (uint8 over 256 ranks), and the
-            # wrapped product is the same.
-            v = v * np.array(n, dtype=np.uint64).astype(x.dtype)
+            v = v * np.array(n, dtype=np.uint64).astype(x.dtype)   # n modulo 2^bits
         elif code == P.REDOP_PROD:
             v = _int_power(v, n)
-        if code == P.REDOP_AVG:
-            int_truncating_divide(v, n)
+        if code == P.REDOP_AVG:   # C's truncation toward zero; exact in float64 for these widths
+            v = np.fix(v.astype(np.float64) / n).astype(x.dtype)
     np.copyto(out, v)
     return out
 

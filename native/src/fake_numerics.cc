@@ -1,5 +1,7 @@
 #include "fake_numerics.h"
 
+#include "generated/wire_spec.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -127,7 +129,8 @@ Acc closed_form_power(Acc x, int n) {
 }
 
 template <class Codec, class Acc>
-void reduce_float(int redop, const void* in_v, void* out_v, uint64_t count, int n, const void* scalar, Acc satmax) {
+void reduce_float(int redop, const void* in_v, void* out_v, uint64_t count, int n, const void* scalar, Acc satmax,
+                  uint64_t exact_limit) {
   using T = typename Codec::T;
   const T* in = static_cast<const T*>(in_v);
   T* out = static_cast<T*>(out_v);
@@ -137,7 +140,7 @@ void reduce_float(int redop, const void* in_v, void* out_v, uint64_t count, int 
     memcpy(&raw, scalar, sizeof(T));
     s = static_cast<Acc>(Codec::load(raw));
   }
-  const bool exact = static_cast<uint64_t>(n) * count <= kExactElementOps;
+  const bool exact = static_cast<uint64_t>(n) * count <= exact_limit;
   const Acc an = static_cast<Acc>(n);
   for (uint64_t i = 0; i < count; i++) {
     const Acc x = static_cast<Acc>(Codec::load(in[i]));
@@ -231,12 +234,11 @@ float bf16_to_float(uint16_t b) {
 
 
 bool reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64_t count, int n,
-                      const void* scalar) {
-  static const size_t kSize[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-  if (datatype < 0 || datatype > 11 || redop < 0 || redop > 5 || n < 1) return false;
+                      const void* scalar, uint64_t exact_limit) {
+  if (proto::datatype_size(datatype) == 0 || redop < 0 || redop >= proto::kNumRedops || n < 1) return false;
   if (count == 0) return true;
   if (redop == kMax || redop == kMin) {  // max/min of identical values
-    if (in != out) memmove(out, in, count * kSize[datatype]);
+    if (in != out) memmove(out, in, count * proto::datatype_size(datatype));
     return true;
   }
   switch (datatype) {
@@ -246,14 +248,21 @@ bool reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64
     case 3: reduce_int<uint32_t>(redop, in, out, count, n, scalar); break;
     case 4: reduce_int<int64_t>(redop, in, out, count, n, scalar); break;
     case 5: reduce_int<uint64_t>(redop, in, out, count, n, scalar); break;
-    case 6: reduce_float<F16, float>(redop, in, out, count, n, scalar, 0.0f); break;
-    case 7: reduce_float<Plain<float>, float>(redop, in, out, count, n, scalar, 0.0f); break;
-    case 8: reduce_float<Plain<double>, double>(redop, in, out, count, n, scalar, 0.0); break;
-    case 9: reduce_float<BF16, float>(redop, in, out, count, n, scalar, 0.0f); break;
-    case 10: reduce_float<E4M3, float>(redop, in, out, count, n, scalar, 448.0f); break;
-    case 11: reduce_float<E5M2, float>(redop, in, out, count, n, scalar, 57344.0f); break;
+    case 6: reduce_float<F16, float>(redop, in, out, count, n, scalar, 0.0f, exact_limit); break;
+    case 7: reduce_float<Plain<float>, float>(redop, in, out, count, n, scalar, 0.0f, exact_limit); break;
+    case 8: reduce_float<Plain<double>, double>(redop, in, out, count, n, scalar, 0.0, exact_limit); break;
+    case 9: reduce_float<BF16, float>(redop, in, out, count, n, scalar, 0.0f, exact_limit); break;
+    case 10: reduce_float<E4M3, float>(redop, in, out, count, n, scalar, 448.0f, exact_limit); break;
+    case 11: reduce_float<E5M2, float>(redop, in, out, count, n, scalar, 57344.0f, exact_limit); break;
   }
   return true;
 }
 
 }  // namespace fakegpu::fake
+
+// For Python (fakegpu/native_numerics.py): the fake modes' symmetric reduction. 0 on success.
+extern "C" __attribute__((visibility("default"))) int fakegpu_reduce_symmetric(
+    int datatype, int redop, const void* in, void* out, uint64_t count, int n, const uint8_t* scalar,
+    uint64_t exact_limit) {
+  return fakegpu::fake::reduce_symmetric(datatype, redop, in, out, count, n, scalar, exact_limit) ? 0 : -1;
+}

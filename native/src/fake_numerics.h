@@ -21,9 +21,10 @@ constexpr uint64_t kExactElementOps = 1ull << 24;  // semantics.EXACT_ELEMENT_OP
 // Wire redops (docs/protocol.md): 0 sum, 1 prod, 2 max, 3 min, 4 avg, 5 premulsum.
 // `scalar` (PreMulSum only) is a value of `datatype`, left-aligned. `in` and `out` are
 // `count` elements of `datatype`; they may be the same buffer (in place), not overlap
-// otherwise. Returns false for a datatype or redop it does not know.
+// otherwise. Floats fold the n copies in rank order while n * count <= exact_limit, and use the
+// closed form (n*x, x^n) beyond. Returns false for a datatype or redop it does not know.
 bool reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64_t count, int n,
-                      const void* scalar);
+                      const void* scalar, uint64_t exact_limit = kExactElementOps);
 
 // Conversions used by the reductions (round to nearest even; exposed for tests/tools). The
 // float32 -> float16/bfloat16 ones are inline: the arenas' reduction (local/reduce_n.cc) calls

@@ -357,9 +357,10 @@ bool reduce_n(int datatype, int redop, const void* const* inputs, int n, void* o
 
 }  // namespace fakegpu::local
 
-// Test hook (tests/test_local_reduce_n.py): reduce_n through the C ABI. `scalars` holds n
-// 8-byte scalars (PreMulSum) or is NULL. 0 on success, -1 for arguments reduce_n refuses.
-extern "C" __attribute__((visibility("default"))) int fakegpu_test_reduce_n(
+// For Python (fakegpu/native_numerics.py: the coordinator's and the Python fake mode's reductions):
+// reduce_n through the C ABI. `scalars` holds n 8-byte scalars (PreMulSum) or is NULL. 0 on
+// success, -1 for arguments reduce_n refuses.
+extern "C" __attribute__((visibility("default"))) int fakegpu_reduce_n(
     int datatype, int redop, const void* const* inputs, int n, void* out, uint64_t count,
     const uint8_t* scalars) {
   const auto* rows = reinterpret_cast<const uint8_t(*)[8]>(scalars);

@@ -1,0 +1,87 @@
+"""The shim's reductions, called from Python: the one implementation of fakegpu's numerics.
+
+The coordinator (fakegpu/coordinator/collectives), the host-local arenas (native/src/local) and
+both fake modes (native/src/mode_fake.cc and fakegpu/fake/semantics.py) reduce with the same C++
+code: ``reduce_n`` folds n buffers in rank order (native/src/local/reduce_n.cc) and
+``reduce_symmetric`` reduces n copies of one buffer (native/src/fake_numerics.cc). numpy stays
+the tests' oracle (tests/helpers/numpy_reduce.py), not a second implementation.
+
+cffi's ABI mode releases the GIL during each call, so the coordinator's worker threads reduce
+in parallel.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+
+_CDEF = """
+int fakegpu_reduce_n(int datatype, int redop, const void* const* inputs, int n, void* out, uint64_t count,
+                     const uint8_t* scalars);
+int fakegpu_reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64_t count, int n,
+                             const uint8_t* scalar, uint64_t exact_limit);
+"""
+
+_lock = threading.Lock()
+_loaded = None  # (ffi, lib)
+
+
+class NativeNumericsError(RuntimeError):
+    """The shim's reductions cannot be used: the library is missing or refused the arguments."""
+
+
+def _library():
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                from cffi import FFI
+
+                import fakegpu
+
+                try:
+                    path = fakegpu.nccl_library_path()
+                except FileNotFoundError as exc:
+                    raise NativeNumericsError(f"fakegpu's reductions live in its native library: {exc}") from None
+                ffi = FFI()
+                ffi.cdef(_CDEF)
+                lib = ffi.dlopen(path)
+                try:
+                    lib.fakegpu_reduce_n, lib.fakegpu_reduce_symmetric
+                except AttributeError:
+                    raise NativeNumericsError(
+                        f"{path} is not fakegpu's shim (it has no fakegpu_reduce_n); unset FAKEGPU_NCCL_LIBRARY "
+                        "or point it at fakegpu's build/libnccl.so.2") from None
+                _loaded = (ffi, lib)
+    return _loaded
+
+
+def _buffer(ffi, a: np.ndarray, writable: bool = False):
+    if not a.flags.c_contiguous:
+        raise NativeNumericsError("fakegpu's reductions take contiguous arrays")
+    return ffi.from_buffer(a, require_writable=writable)
+
+
+def reduce_n(datatype: int, redop: int, inputs: Sequence[np.ndarray], out: np.ndarray,
+             scalars: Optional[bytes] = None) -> None:
+    """out = the rank-order fold of ``inputs`` (n arrays of len(out) elements of ``datatype``).
+    ``scalars``: n 8-byte PreMulSum scalars back to back, or None. ``out`` must not overlap an
+    input."""
+    ffi, lib = _library()
+    keep = [_buffer(ffi, x) for x in inputs]
+    ptrs = ffi.new("const void*[]", [ffi.cast("const void*", k) for k in keep])
+    raw = ffi.from_buffer(scalars) if scalars is not None else ffi.NULL
+    if lib.fakegpu_reduce_n(datatype, redop, ptrs, len(inputs), _buffer(ffi, out, True), len(out), raw) != 0:
+        raise NativeNumericsError(f"cannot reduce datatype {datatype} with redop {redop} over {len(inputs)} ranks")
+
+
+def reduce_symmetric(datatype: int, redop: int, x: np.ndarray, out: np.ndarray, n: int,
+                     scalar: Optional[bytes], exact_limit: int) -> None:
+    """out = the reduction of n copies of ``x``: folded in rank order while n * len(x) <=
+    ``exact_limit``, else the closed form (n*x, x**n, ...). ``out`` may be ``x`` itself."""
+    ffi, lib = _library()
+    raw = ffi.from_buffer(scalar.ljust(8, b"\0")) if scalar is not None else ffi.NULL
+    if lib.fakegpu_reduce_symmetric(datatype, redop, _buffer(ffi, x), _buffer(ffi, out, True), len(x), n, raw,
+                                    exact_limit) != 0:
+        raise NativeNumericsError(f"cannot reduce datatype {datatype} with redop {redop} over {n} ranks")
