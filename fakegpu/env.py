@@ -164,7 +164,7 @@ def read_token(env: Mapping[str, str]) -> str:
     return token
 
 
-# The token-file rule (docs/usage.md, "Token files"), shared with the shim (native/src/env.cc,
+# The token-file rule (docs/usage.md, "Token files"), shared with the shim (native/src/core/env.cc,
 # env::token_from_file_contents) and pinned for both by tests/token_file_vectors.json.
 TOKEN_FILE_MAX_BYTES = 4096
 TOKEN_FILE_WHITESPACE = b" \t\n\r\v\f"   # ASCII only: a non-breaking space is part of the token

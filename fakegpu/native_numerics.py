@@ -1,9 +1,9 @@
 """The shim's reductions, called from Python: the one implementation of fakegpu's numerics.
 
 The coordinator (fakegpu/coordinator/collectives), the host-local arenas (native/src/local) and
-both fake modes (native/src/mode_fake.cc and fakegpu/fake/semantics.py) reduce with the same C++
-code: ``reduce_n`` folds n buffers in rank order (native/src/local/reduce_n.cc) and
-``reduce_symmetric`` reduces n copies of one buffer (native/src/fake_numerics.cc). numpy stays
+both fake modes (native/src/modes/mode_fake.cc and fakegpu/fake/semantics.py) reduce with the same C++
+code: ``reduce_n`` folds n buffers in rank order (native/src/numerics/reduce_n.cc) and
+``reduce_symmetric`` reduces n copies of one buffer (native/src/numerics/fake_numerics.cc). numpy stays
 the tests' oracle (tests/helpers/numpy_reduce.py), not a second implementation.
 
 cffi's ABI mode releases the GIL during each call, so the coordinator's worker threads reduce

@@ -71,7 +71,7 @@ def test_ipv6_address():
 
 # --------------------------------------------------------------------------- token files
 # One rule for both readers (docs/usage.md, "Token files"), pinned by tests/token_file_vectors.json:
-# the coordinator (fakegpu/env.py, also fgpu's launcher) and the shim (native/src/env.cc) must
+# the coordinator (fakegpu/env.py, also fgpu's launcher) and the shim (native/src/core/env.cc) must
 # turn every file there into the same token, or refuse it with the same reason.
 
 import json  # noqa: E402

@@ -1,6 +1,6 @@
 """One size grammar for the coordinator/launcher and the shim (tests/size_vectors.json).
 
-fakegpu/env.py's parse_size and native/src/env.cc's env::bytes (through its test hook
+fakegpu/env.py's parse_size and native/src/core/env.cc's env::bytes (through its test hook
 fakegpu_test_parse_bytes) must turn every text there into the same byte count or both refuse it.
 They once disagreed: "16MB" was 16,000,000 bytes in Python and 16 MiB in the shim, and the shim
 refused 1.5G, 0.5M and 1T.

@@ -1,4 +1,4 @@
-"""The shim's n-way reduction for host-local collectives (native/src/local/reduce_n.cc), through
+"""The shim's n-way reduction for host-local collectives (native/src/numerics/reduce_n.cc), through
 its test hook fakegpu_reduce_n, against the coordinator's reduce_into
 (fakegpu/coordinator/collectives/numerics.py): every datatype x redop, n in {1,2,3,4,8}, counts
 around the 2048-element block, special values, wrapping, saturation. Results are compared

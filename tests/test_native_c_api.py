@@ -40,7 +40,7 @@ def c_api_test(shim_library, tmp_path_factory) -> Path:
 def test_protocol_vectors(tmp_path):
     binary = tmp_path / "protocol_vectors_test"
     cmd = ["c++", "-std=c++17", "-O1", f"-I{NATIVE / 'src'}", f"-I{NATIVE / 'include'}",
-           str(NATIVE / "tests" / "protocol_vectors_test.cc"), str(NATIVE / "src" / "protocol.cc"), "-o", str(binary)]
+           str(NATIVE / "tests" / "protocol_vectors_test.cc"), str(NATIVE / "src" / "wire" / "protocol.cc"), "-o", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([str(binary), str(REPO / "tests" / "protocol_vectors.json")], capture_output=True,

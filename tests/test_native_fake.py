@@ -1,4 +1,4 @@
-"""FAKEGPU_DIST_MODE=fake through the native shim (native/src/mode_fake.cc): no coordinator.
+"""FAKEGPU_DIST_MODE=fake through the native shim (native/src/modes/mode_fake.cc): no coordinator.
 
 Every process here loads the real shim through fakegpu.nccl (cffi) with NGPU=64, plays one
 logical rank, and checks each collective's result bit for bit against

@@ -14,7 +14,7 @@ right shapes, dtypes and plausible values:
 - send/recv: see :class:`PeerExchange`.
 
 Reductions are dtype-exact like the real data path, and they are the shim's own code
-(native/src/fake_numerics.cc, called through fakegpu/native_numerics.py): floats narrower than
+(native/src/numerics/fake_numerics.cc, called through fakegpu/native_numerics.py): floats narrower than
 float32 accumulate in float32 and round once, float64 in float64, n copies folded in rank order;
 integer sums wrap and integer avg truncates. Above ``EXACT_ELEMENT_OPS`` element operations
 (n x count) the closed forms above are used, computed in the accumulator type and rounded once,
@@ -56,7 +56,7 @@ def _redop_code(redop) -> int:
 def reduce_symmetric(x: np.ndarray, n: int, redop="sum", scale: Optional[float] = None,
                      *, exact_limit: int = EXACT_ELEMENT_OPS) -> np.ndarray:
     """The reduction of n copies of ``x`` (a new 1-D array of x's dtype): the shim's own
-    fake-mode reduction (native/src/fake_numerics.cc through fakegpu/native_numerics.py), so the
+    fake-mode reduction (native/src/numerics/fake_numerics.cc through fakegpu/native_numerics.py), so the
     Python and the native fake modes compute the same bits by construction."""
     if n < 1:
         raise ValueError(f"group size must be at least 1, got {n}")

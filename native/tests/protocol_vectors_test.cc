@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "protocol.h"
+#include "wire/protocol.h"
 
 namespace {
 

@@ -10,7 +10,7 @@ The rules, in short:
 - float Avg is the accumulated sum divided by n in the accumulator, rounded once;
 - float8 results saturate to the largest finite value, as NCCL's conversions do.
 
-The arithmetic itself is the shim's (native/src/local/reduce_n.cc through
+The arithmetic itself is the shim's (native/src/numerics/reduce_n.cc through
 fakegpu/native_numerics.py): the coordinator, the host-local arenas and the fake modes share
 one implementation; tests/helpers/numpy_reduce.py is the numpy oracle the tests hold it to.
 """

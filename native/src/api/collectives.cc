@@ -4,12 +4,12 @@
 #include <string>
 #include <vector>
 
-#include "comm.h"
-#include "export.h"
-#include "group.h"
-#include "last_error.h"
-#include "mode.h"
-#include "staging.h"
+#include "core/comm.h"
+#include "api/export.h"
+#include "core/group.h"
+#include "api/last_error.h"
+#include "modes/mode.h"
+#include "wire/staging.h"
 
 using namespace fakegpu;
 

@@ -1,7 +1,7 @@
 // Version and error reporting.
-#include "comm.h"
-#include "export.h"
-#include "last_error.h"
+#include "core/comm.h"
+#include "api/export.h"
+#include "api/last_error.h"
 
 using namespace fakegpu;
 

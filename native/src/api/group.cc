@@ -1,6 +1,6 @@
 // Group calls (state lives in src/group.cc, per thread).
-#include "export.h"
-#include "group.h"
+#include "api/export.h"
+#include "core/group.h"
 
 NCCL_API(ncclResult_t, ncclGroupStart, void) { return fakegpu::group_start(); }
 

@@ -1,11 +1,11 @@
 // Communicator creation, teardown and queries.
 #include <cstring>
 
-#include "comm.h"
-#include "comm_lifecycle.h"
-#include "export.h"
-#include "last_error.h"
-#include "mode.h"
+#include "core/comm.h"
+#include "core/comm_lifecycle.h"
+#include "api/export.h"
+#include "api/last_error.h"
+#include "modes/mode.h"
 
 using namespace fakegpu;
 

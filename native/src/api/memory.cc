@@ -3,10 +3,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "cuda_staging.h"
-#include "export.h"
-#include "last_error.h"
+#include "core/comm.h"
+#include "cuda/cuda_staging.h"
+#include "api/export.h"
+#include "api/last_error.h"
 
 using namespace fakegpu;
 

@@ -1,9 +1,9 @@
 // NCCL entry points fakegpu does not implement: they fail loudly with ncclInvalidUsage and
 // a last-error text naming the call — never a silent success. The device API names are
 // exported too because the real library exports them (code may link against them).
-#include "comm.h"
-#include "export.h"
-#include "last_error.h"
+#include "core/comm.h"
+#include "api/export.h"
+#include "api/last_error.h"
 
 using namespace fakegpu;
 

@@ -1,4 +1,4 @@
-#include "arena.h"
+#include "local/arena.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-#include "../shm_alloc.h"
+#include "wire/shm_alloc.h"
 
 namespace fakegpu::local {
 namespace {

@@ -1,4 +1,4 @@
-#include "local_collectives.h"
+#include "local/local_collectives.h"
 
 #include <pthread.h>
 #include <time.h>
@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "../last_error.h"
-#include "../staging.h"
-#include "arena.h"
-#include "reduce_n.h"
+#include "api/last_error.h"
+#include "wire/staging.h"
+#include "local/arena.h"
+#include "numerics/reduce_n.h"
 
 namespace fakegpu::local {
 

@@ -5,8 +5,8 @@
 // in LOCAL_OPS batches, so the reports still count every call.
 #pragma once
 
-#include "../client.h"
-#include "../mode.h"
+#include "wire/client.h"
+#include "modes/mode.h"
 
 namespace fakegpu::local {
 

@@ -1,0 +1,104 @@
+// Cutting calls into steps and moving bytes between user buffers and the staging layout
+// (docs/protocol.md "Steps"). A step's input and output are a handful of contiguous
+// pieces of user memory (one per rank block when a per-rank-block call is cut); the
+// simulate mode copies those pieces into the shared-memory regions, or hands them to
+// sendmsg/recv directly with socket staging — never through another buffer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/comm.h"
+#include "modes/mode.h"
+#include "wire/protocol.h"
+
+namespace fakegpu {
+
+struct Step {
+  uint32_t call = 0;                // index of its call in the group
+  uint64_t off = 0, cnt = 0;        // element range [off, off+cnt) of the call
+  uint64_t in_len = 0, out_len = 0; // per-rank bytes (protocol.md table)
+  uint8_t flags = 0;                // proto::kOpFirstStep / kOpLastStep / kOpRejected
+  uint32_t index = 0, total = 1;    // its place among the steps of its call
+  uint64_t in_offset = 0, out_offset = 0;  // placement in the regions (frame packing)
+};
+
+// m in C = floor(S / (s * m)): n for the kinds whose buffers hold one block per rank.
+inline uint64_t block_factor(uint8_t kind, int nranks) {
+  return proto::per_member_blocks(kind) ? static_cast<uint64_t>(nranks) : 1;
+}
+
+// The wire OpDesc of step `st` of call `c` (a device-resident PreMulSum scalar is read now,
+// when the collective runs, as NCCL does).
+void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpDescSize]);
+
+// This rank's in_len/out_len for `cnt` elements of call `c`.
+void step_lengths(const CollCall& c, uint64_t cnt, uint64_t* in_len, uint64_t* out_len);
+
+// Appends the steps of every call, in call order. Fails only when one element per rank
+// block does not fit in the staging region.
+ncclResult_t plan_steps(const std::vector<CollCall>& calls, uint64_t staging_bytes, std::vector<Step>* steps);
+
+// Calls f(pointer, bytes) for each contiguous piece of user memory that makes up the step's
+// input (resp. output), in staging-layout order. Adjacent blocks are merged.
+template <class Ptr, class F>
+void for_each_block(Ptr base, const CollCall& c, uint64_t off, uint64_t cnt, size_t s, F&& f) {
+  const uint64_t n = static_cast<uint64_t>(c.comm->nranks);
+  if (cnt == 0) return;
+  if (cnt == c.count) {  // uncut: the n blocks are back to back in the user buffer
+    f(base, n * cnt * s);
+    return;
+  }
+  for (uint64_t j = 0; j < n; j++) f(base + (j * c.count + off) * s, cnt * s);
+}
+
+template <class F>
+void for_each_input_piece(const CollCall& c, uint64_t off, uint64_t cnt, F&& f) {
+  const size_t s = datatype_size(c.datatype);
+  const uint8_t* b = static_cast<const uint8_t*>(c.sendbuff);
+  const bool root = c.comm->rank == c.root;
+  if (cnt == 0) return;
+  switch (c.kind) {
+    case proto::kAllReduce: case proto::kReduce: case proto::kAllGather: case proto::kGather: case proto::kSend:
+      f(b + off * s, cnt * s);
+      break;
+    case proto::kBroadcast:
+      if (root) f(b + off * s, cnt * s);
+      break;
+    case proto::kScatter:
+      if (root) for_each_block(b, c, off, cnt, s, f);
+      break;
+    case proto::kReduceScatter: case proto::kAlltoAll:
+      for_each_block(b, c, off, cnt, s, f);
+      break;
+    default:
+      break;  // Recv: no input
+  }
+}
+
+template <class F>
+void for_each_output_piece(const CollCall& c, uint64_t off, uint64_t cnt, F&& f) {
+  const size_t s = datatype_size(c.datatype);
+  uint8_t* b = static_cast<uint8_t*>(c.recvbuff);
+  const bool root = c.comm->rank == c.root;
+  if (cnt == 0) return;
+  switch (c.kind) {
+    case proto::kAllReduce: case proto::kBroadcast: case proto::kReduceScatter: case proto::kScatter:
+    case proto::kRecv:
+      f(b + off * s, cnt * s);
+      break;
+    case proto::kReduce:
+      if (root) f(b + off * s, cnt * s);
+      break;
+    case proto::kGather:
+      if (root) for_each_block(b, c, off, cnt, s, f);
+      break;
+    case proto::kAllGather: case proto::kAlltoAll:
+      for_each_block(b, c, off, cnt, s, f);
+      break;
+    default:
+      break;  // Send: no output
+  }
+}
+
+}  // namespace fakegpu
