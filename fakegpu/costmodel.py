@@ -166,6 +166,9 @@ class _Plan:
     intra_eff: Optional[float] = None   # overrides the fabric efficiency (NVLS)
     inter_scale: float = 1.0     # fraction of the NIC rate the plan gets (NVLS-tree beyond 2 nodes)
     protocols: tuple[str, ...] = ("simple",)
+    # network steps of one chunk's path: a proxy transport's per-message cost is paid on each,
+    # in a pipeline stage of its own that overlaps the transfers (see estimate())
+    inter_steps: float = 0.0
 
 
 # -- protocols (NCCL's src/graph/tuning.cc, https://github.com/NVIDIA/nccl) -------------------
@@ -256,6 +259,10 @@ def tuning_from_env(kind: str, environ=None) -> tuple[Optional[set[str]], Option
     env = os.environ if environ is None else environ
     kind = normalize_kind(kind)
     algos = _parse_nccl_list(env["NCCL_ALGO"], kind, _NCCL_ALGO_NAMES) if env.get("NCCL_ALGO") else None
+    if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
+        # NCCL_NVLS_ENABLE=0 takes NVLink SHARP (NVLS and NVLS-tree) out of the choice
+        every = {a for group in _NCCL_ALGO_NAMES.values() for a in group} - set(NOT_NCCL)
+        algos = (every if algos is None else algos) - {"nvls", "nvls_tree"}
     protos = (_parse_nccl_list(env["NCCL_PROTO"], kind, {p: (p,) for p in PROTOCOLS})
               if env.get("NCCL_PROTO") else None)
     return algos, protos
@@ -323,6 +330,10 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
                     and count * elem_size >= n / 16.0 * 65536):
                 latency *= RING_PLATEAU
             latency += LAUNCH_OVERHEAD_S
+            # A proxy transport handles one message per network step; its host thread is a
+            # pipeline stage beside the wire, so the slower of the two sets the pace.
+            messages = plan.inter_steps * topology.inter_node.per_message_us * 1e-6
+            bw_time = max(bw_time, messages)
             total = latency + bw_time
             candidates[f"{plan.algorithm}/{proto}"] = total
             if best is None or total < best[0]:
@@ -378,7 +389,7 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
     if plan.algorithm in ("direct", "pairwise") and plan.intra_eff is None:
         # point-to-point (send/recv, all-to-all, gather/scatter) has its own efficiency
         intra_eff = P2P_EFFICIENCY.get(topo.intra_node.type, intra_eff)
-    inter_eff = _eff(topo.inter_node.type)
+    inter_eff = topo.inter_node.efficiency or _eff(topo.inter_node.type)
     load: dict[tuple, float] = defaultdict(float)
     capacity: dict[tuple, float] = {}
     for (a, b), nbytes in plan.edges.items():
@@ -443,7 +454,8 @@ def _steps(topo: "Topology", members, algorithm: str, intra_steps: float, inter_
 
     def latency(proto: str) -> float:
         intra = a_intra * ratio[kind][proto] * (1.8 if multi and proto == "ll" else 1.0)
-        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * a_inter * ratio["net"][proto]
+        net = a_inter * ratio["net"][proto]
+        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * net
     return latency
 
 
@@ -452,7 +464,10 @@ def _node_count(topo: "Topology", members) -> int:
 
 
 def _alpha(topo: "Topology", a: int, b: int) -> float:
-    return topo.link(a, b).latency_s
+    link = topo.link(a, b)
+    if link.scope == "inter_node":
+        return link.latency_s + topo.inter_node.per_message_us * 1e-6
+    return link.latency_s
 
 
 def _max_alpha(topo: "Topology", edges) -> float:
@@ -491,7 +506,8 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         # a chunk's path around the ring: 2(n-1) hops, 2N of them between nodes (NCCL's count)
         inter = min(2 * nnodes, 2 * (n - 1)) if nnodes > 1 else 0
         plans.append(_Plan("ring", {e: per_edge for e in ring},
-                           _steps(topo, members, "ring", 2 * (n - 1) - inter, inter), protocols=protos))
+                           _steps(topo, members, "ring", 2 * (n - 1) - inter, inter), protocols=protos,
+                           inter_steps=inter))
         if n > 2:
             plans.append(_double_binary_tree(order, c, topo))
         hier = _hierarchical(order, c, topo)
@@ -502,7 +518,8 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         per_edge = (n - 1) * c   # (n-1)/n of the total n*c
         inter = nnodes - 1
         plans.append(_Plan("ring", {e: per_edge for e in ring},
-                           _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos))
+                           _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos,
+                           inter_steps=inter))
     elif kind in ("Broadcast", "Reduce"):
         root_g = members[root]
         start = order.index(root_g)
@@ -512,7 +529,7 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
             links = [(b, a) for a, b in links]
         inter = sum(1 for a, b in links if not topo.same_node(a, b))
         plans.append(_Plan("ring", {e: c for e in links}, _steps(topo, members, "ring", len(links) - inter, inter),
-                           protocols=protos))
+                           protocols=protos, inter_steps=inter))
         tree_links, rounds = _binomial(chain)
         if kind == "Reduce":
             tree_links = [(b, a) for a, b in tree_links]
@@ -550,7 +567,8 @@ def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
     nnodes = _node_count(topo, order)
     g = n / nnodes
     inter = math.ceil(math.log2(nnodes)) if nnodes > 1 else 0
-    return _Plan("tree", edges, _steps(topo, order, "tree", 2 * (g - 1), 2 * inter), protocols=PROTOCOLS)
+    return _Plan("tree", edges, _steps(topo, order, "tree", 2 * (g - 1), 2 * inter), protocols=PROTOCOLS,
+                 inter_steps=2 * inter)
 
 
 def _binomial(chain: list[int]) -> tuple[list[tuple[int, int]], int]:
@@ -596,7 +614,7 @@ def _hierarchical(order: list[int], c: float, topo: "Topology") -> Optional[_Pla
         for a, b in _ring_edges(rail):
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
     return _Plan("hierarchical", edges, _steps(topo, order, "hierarchical", 2 * (g - 1), 2 * (nn - 1)),
-                 spread=False, protocols=PROTOCOLS)
+                 spread=False, protocols=PROTOCOLS, inter_steps=2 * (nn - 1))
 
 
 def _nvls_capable(order: list[int], topo: "Topology") -> bool:
@@ -641,6 +659,7 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
     # half the network bandwidth, fitted here as NVLS_TREE_INTER_SCALE of it (docs/cost-model.md).
     hops = 2 * math.ceil(math.log2(nn))
     return [_Plan("nvls_tree", edges, _fixed(NVLS_BASE_LATENCY_S + 2 * a_intra + hops * a_inter), spread=False,
+                  inter_steps=hops,
                   intra_eff=NVLS_TREE_EFFICIENCY, inter_scale=1.0 if nn <= 2 else NVLS_TREE_INTER_SCALE)]
 
 

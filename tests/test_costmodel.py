@@ -412,3 +412,39 @@ def test_model_command_proto_and_environment():
     assert (row["algorithm"], row["protocol"]) == ("tree", "ll") and set(row["candidates_us"]) == {"tree/ll"}
     bad = _model("--proto", "ll256")
     assert bad.returncode == 2 and "--proto: unknown protocol 'll256'" in bad.stderr
+
+
+def test_nccl_nvls_enable_zero_takes_nvls_out(monkeypatch):
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    assert estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo).algorithm == "nvls"
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    one_node = estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo)
+    two_nodes = estimate("AllReduce", 1 << 28, 4, list(range(16)), -1, -1, topo)
+    assert one_node.algorithm == "ring" and two_nodes.algorithm in ("ring", "tree")
+    assert not any(k.startswith("nvls") for k in one_node.candidates)
+    # with NCCL_ALGO too, NVLS stays out even when named
+    monkeypatch.setenv("NCCL_ALGO", "nvls,ring")
+    assert estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo).algorithm == "ring"
+
+
+def test_proxy_transport_per_message_cost_and_efficiency():
+    text = (CONFIGS / "dev-2node-2gpu.yaml").read_text()
+    assert "oversubscription: 1.5\n" in text
+    rdma = parse_cluster_config(text)
+    proxy = parse_cluster_config(text.replace("oversubscription: 1.5\n",
+                                              "oversubscription: 1.5\n    per_message_us: 500\n    efficiency: 0.46\n"))
+    assert proxy.inter_node.per_message_us == 500 and proxy.inter_node.efficiency == 0.46
+    ranks = [0, 1, 2, 3]
+    # small messages: the host's per-message cost dominates (at least one message per network step)
+    small_rdma = estimate("AllReduce", 256, 4, ranks, -1, -1, rdma)
+    small_proxy = estimate("AllReduce", 256, 4, ranks, -1, -1, proxy)
+    assert small_proxy.seconds > small_rdma.seconds + 500e-6
+    # large messages: the messages overlap the transfers; the lower efficiency sets the rate
+    big_rdma = estimate("AllReduce", 1 << 28, 4, ranks, -1, -1, rdma, ["ring"], ["simple"])
+    big_proxy = estimate("AllReduce", 1 << 28, 4, ranks, -1, -1, proxy, ["ring"], ["simple"])
+    assert big_proxy.bandwidth_s == pytest.approx(big_rdma.bandwidth_s * 0.92 / 0.46, rel=1e-6)
+    # point-to-point pays it once per message
+    p2p = estimate("SendRecv", 256, 4, [0, 2], 0, 1, proxy).seconds
+    assert p2p >= 500e-6
+    with pytest.raises(ValueError, match="efficiency"):
+        parse_cluster_config(text.replace("oversubscription: 1.5\n", "oversubscription: 1.5\n    efficiency: 1.5\n"))

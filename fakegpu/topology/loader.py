@@ -401,6 +401,8 @@ def _fabric(spec: dict) -> Fabric:
         bandwidth_gbps=float(spec["bandwidth_gbps"]),
         latency_us=float(spec["latency_us"]),
         oversubscription=float(spec.get("oversubscription", 1.0)),
+        per_message_us=float(spec.get("per_message_us", 0.0)),
+        efficiency=float(spec["efficiency"]) if "efficiency" in spec else None,
     )
 
 

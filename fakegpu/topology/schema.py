@@ -14,6 +14,8 @@ _FABRIC = {
         "bandwidth_gbps": _POSITIVE,
         "latency_us": {"type": "number", "minimum": 0},
         "oversubscription": {"type": "number", "minimum": 1},
+        "per_message_us": {"type": "number", "minimum": 0},
+        "efficiency": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     },
 }
 
