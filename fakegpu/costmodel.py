@@ -11,6 +11,7 @@ The formulas are written out in docs/cost-model.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections import defaultdict
@@ -320,11 +321,17 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
     candidates: dict[str, float] = {}
     for plan in plans:
         simple_bw_time = _bandwidth_time(plan, topology)
+        # NCCL picks on its own estimate, which gives NVLS-tree the full rail rate at any node
+        # count; what the run then reaches beyond two nodes is inter_scale of it. So the choice
+        # is made on the full-rate time and the modeled time is the reached one.
+        believed_bw_time = (simple_bw_time if plan.inter_scale == 1.0
+                            else _bandwidth_time(dataclasses.replace(plan, inter_scale=1.0), topology))
         protos = [p for p in plan.protocols if p != "ll128" or ll128_ok or (wanted_protos and "ll128" in wanted_protos)]
         if wanted_protos is not None:
             protos = [p for p in protos if p in wanted_protos] or protos
         for proto in protos:
             bw_time = _protocol_bandwidth_time(plan, proto, simple_bw_time, kind, size, n, nnodes)
+            believed = _protocol_bandwidth_time(plan, proto, believed_bw_time, kind, size, n, nnodes)
             latency = plan.latency_s(proto)
             if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
                     and count * elem_size >= n / 16.0 * 65536):
@@ -335,11 +342,12 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
             messages = plan.inter_steps * topology.inter_node.per_message_us * 1e-6
             bw_time = max(bw_time, messages)
             total = latency + bw_time
+            score = latency + max(believed, messages)
             candidates[f"{plan.algorithm}/{proto}"] = total
-            if best is None or total < best[0]:
-                best = (total, latency, bw_time, plan, proto)
+            if best is None or score < best[0]:
+                best = (score, total, latency, bw_time, plan, proto)
     assert best is not None
-    total, latency, bw_time, plan, proto = best
+    _, total, latency, bw_time, plan, proto = best
     transfers = {edge: int(round(b)) for edge, b in plan.edges.items() if b > 0}
     node_bytes: dict[tuple[int, int], int] = defaultdict(int)
     for (a, b), nbytes in transfers.items():

@@ -448,3 +448,18 @@ def test_proxy_transport_per_message_cost_and_efficiency():
     assert p2p >= 500e-6
     with pytest.raises(ValueError, match="efficiency"):
         parse_cluster_config(text.replace("oversubscription: 1.5\n", "oversubscription: 1.5\n    efficiency: 1.5\n"))
+
+
+def test_nvls_tree_beyond_two_nodes_is_chosen_on_nccls_estimate_and_reaches_less():
+    """NCCL ranks NVLS-tree by the full rail rate at any node count; beyond two nodes the run
+    reaches NVLS_TREE_INTER_SCALE of it, so the model picks it but times it slower than ring."""
+    text = (CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml").read_text()
+    node1 = text[text.index("  - id: node1"):text.index("fabric:")]
+    more = node1.replace("node1", "node2").replace("dgx-h100-1", "dgx-h100-2")
+    more = more.replace("[8, 9, 10, 11, 12, 13, 14, 15]", "[16, 17, 18, 19, 20, 21, 22, 23]")
+    more += more.replace("node2", "node3").replace("dgx-h100-2", "dgx-h100-3").replace(
+        "[16, 17, 18, 19, 20, 21, 22, 23]", "[24, 25, 26, 27, 28, 29, 30, 31]")
+    topo = parse_cluster_config(text.replace("fabric:", more + "fabric:"))
+    e = estimate("AllReduce", 2 << 30, 4, list(range(32)), -1, -1, topo)
+    assert e.algorithm == "nvls_tree"
+    assert e.seconds > e.candidates["ring/simple"]
