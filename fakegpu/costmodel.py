@@ -37,6 +37,11 @@ EFFICIENCY = {
 # 0.65 makes 8x A100 send/recv match the figure quoted in issue 12 (the collectives' 0.82 was
 # +26 %); 2x H100 sendrecv_perf plateaus lower still (~180 GB/s, NVIDIA/nccl-tests issue 268).
 P2P_EFFICIENCY = {"nvlink": 0.65, "nvswitch": 0.65}
+# ...and one pair of GPUs never gets more than this (GB/s) whatever the link: NCCL drives a
+# peer with a fixed handful of channels. 190 sits between the 2x H100 sendrecv_perf plateau,
+# ~180 GB/s (NVIDIA/nccl-tests issue 268), and the 8x A100 figure quoted in issue 12
+# (~195 = 300 x 0.82 / 1.26); NVLink3 (A100) at 0.65 is just under it.
+P2P_PEER_MAX_GBS = 190.0
 # NVLink SHARP allreduce: algbw as a fraction of one GPU's NVLink line rate (fit to 8x H100
 # NVLS busbw ~474 GB/s at 4 GB: algbw = 474 * 8 / 14 = 271 GB/s of 450).
 NVLS_EFFICIENCY = 0.60
@@ -411,6 +416,9 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         elif na == nb:
             ends = ((("port_out", a), topo.gpu_port_bytes_per_s(a) * intra_eff),
                     (("port_in", b), topo.gpu_port_bytes_per_s(b) * intra_eff))
+            if plan.algorithm in ("direct", "pairwise"):
+                # one peer gets few channels: a per-pair ceiling on fast NVLink ports
+                ends += ((("peer", a, b), P2P_PEER_MAX_GBS * 1e9),)
         elif plan.spread:
             ends = ((("net_out", na), topo.node_network_bytes_per_s(na) * inter_eff),
                     (("net_in", nb), topo.node_network_bytes_per_s(nb) * inter_eff))

@@ -160,8 +160,9 @@ def test_sendrecv_exact_bytes():
     topo = cfg("dev-2node-2gpu.yaml")
     intra = estimate("SendRecv", 1000, 2, [0, 1, 2, 3], 0, 1, topo)
     assert intra.transfers == {(0, 1): 2000}
-    # point-to-point over NVLink at its own efficiency (0.65, not the collectives' 0.82)
-    assert intra.seconds == pytest.approx(L0 + 3e-6 + 2000 / (300e9 * 0.65))
+    # point-to-point over NVLink at its own efficiency (0.65, not the collectives' 0.82), and
+    # never above the per-pair ceiling
+    assert intra.seconds == pytest.approx(L0 + 3e-6 + 2000 / min(300e9 * 0.65, costmodel.P2P_PEER_MAX_GBS * 1e9))
     inter = estimate("Send", 1000, 2, [1, 2], 0, 1, topo)
     assert inter.transfers == {(1, 2): 2000}
     assert inter.node_bytes == {(0, 1): 2000}
