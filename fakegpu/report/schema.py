@@ -26,6 +26,9 @@ _FABRIC = _obj({
     "bandwidth_gbps": {"type": "number", "exclusiveMinimum": 0},
     "latency_us": _NUM,
     "oversubscription": {"type": "number", "minimum": 1},
+}, {
+    "per_message_us": _NUM,
+    "efficiency": {"type": ["number", "null"]},
 })
 
 _TOPOLOGY = _obj({
