@@ -93,3 +93,29 @@ def test_report_places_operations_in_program_order_whatever_order_they_are_recor
     assert starts["world"]["modeled_start_s"] == pytest.approx(starts["pair"]["modeled_s"])
     assert [r["modeled_end_s"] for r in b["ranks"]] == [starts["world"]["modeled_start_s"]
                                                         + starts["world"]["modeled_s"]] * 4
+
+
+def test_calls_of_one_group_run_together_on_the_modeled_timeline():
+    """A ring exchange, every rank sending to the next and receiving from the previous in one
+    group (pipeline parallelism): one launch per rank, so all four transfers overlap and each
+    rank is busy for one transfer, not a chain of four."""
+    world = CommRecord(1, "world", (0, 1, 2, 3))
+
+    def p2p(src: int, dst: int, frames: bool) -> OpRecord:
+        return OpRecord(comm=world, kind="SendRecv", datatype="float32", redop=None, count=1 << 20,
+                        elem_size=4, root=src, peer=dst, ranks=(src, dst), logical_bytes=4 << 20,
+                        socket_bytes=0, seq=0, started_at=1.0, rendezvous_s=0.0, execution_s=0.0,
+                        arrived_at={src: 1.0 + src * 1e-3, dst: 1.0 + dst * 1e-3},
+                        frames={src: (src, 7), dst: (dst, 7)} if frames else {})
+
+    grouped, chained = ClusterReport(default_topology(4)), ClusterReport(default_topology(4))
+    for r in (3, 1, 0, 2):   # any recording order
+        grouped.op_completed(p2p(r, (r + 1) % 4, True))
+        chained.op_completed(p2p(r, (r + 1) % 4, False))
+    g, c = grouped.to_dict(), chained.to_dict()
+    one = g["timeline"]["operations"][0]["modeled_s"]
+    assert [o["modeled_start_s"] for o in g["timeline"]["operations"]] == [0.0] * 4
+    assert [r["modeled_end_s"] for r in g["ranks"]] == pytest.approx([one] * 4)
+    assert g["totals"]["modeled_makespan_s"] == pytest.approx(one)
+    # without the group each rank's two transfers follow each other
+    assert c["totals"]["modeled_makespan_s"] > 1.5 * one

@@ -1669,7 +1669,7 @@ class Core:
         if call is None or first[D_FLAGS] & _FIRST:
             call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq - 1,
                                 "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0, "waits": {},
-                                "arrived": {}}
+                                "arrived": {}, "frames": {}}
         last_arrival = max(s.arrived_at for s in steps)
         call["rendezvous_s"] += last_arrival - slot.first_at
         call["execution_s"] += t1 - t0
@@ -1679,6 +1679,7 @@ class Core:
             waits[g] = waits.get(g, 0.0) + (last_arrival - s.arrived_at)
             if g not in call["arrived"]:
                 call["arrived"][g] = self._arrival_wall(s)
+                call["frames"][g] = (s.group.client.id, s.group.request_id)
             if not s.member.client.shm and not s.group.accounted:
                 call["socket_bytes"] += s.desc[D_IN_LEN] + s.desc[D_OUT_LEN]
         if first[D_FLAGS] & _LAST or not first[D_FLAGS] & (_FIRST | _LAST):
@@ -1701,7 +1702,7 @@ class Core:
         if call is None or sd[D_FLAGS] & _FIRST:
             call = comm.p2p_calls[key] = {"started_at": self.wall() - (t0 - send.arrived_at), "seq": q.matched - 1,
                                           "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0,
-                                          "waits": {}, "arrived": {}}
+                                          "waits": {}, "arrived": {}, "frames": {}}
         later = max(send.arrived_at, recv.arrived_at)
         call["rendezvous_s"] += abs(send.arrived_at - recv.arrived_at)
         call["execution_s"] += t1 - t0
@@ -1710,6 +1711,7 @@ class Core:
             call["waits"][g] = call["waits"].get(g, 0.0) + (later - s.arrived_at)
             if g not in call["arrived"]:
                 call["arrived"][g] = self._arrival_wall(s)
+                call["frames"][g] = (s.group.client.id, s.group.request_id)
         if not send.member.client.shm and send.payload is None and not send.group.accounted:
             call["socket_bytes"] += sd[D_IN_LEN]
         if not recv.member.client.shm and not recv.group.accounted:
@@ -1759,7 +1761,7 @@ class Core:
                 socket_bytes=call["socket_bytes"], seq=call["seq"], started_at=call["started_at"],
                 rendezvous_s=call["rendezvous_s"], execution_s=call["execution_s"],
                 arrival_wait_s=dict(call["waits"]), status=status, error=error,
-                arrived_at=dict(call.get("arrived", {}))))
+                arrived_at=dict(call.get("arrived", {})), frames=dict(call.get("frames", {}))))
         except Exception:  # the report must never break the data path
             log.exception("recorder failed on op_completed")
 

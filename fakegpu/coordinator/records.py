@@ -55,6 +55,9 @@ class OpRecord:
     # global rank -> epoch seconds of its first arrival at the call: a rank's calls are
     # sequential, so these give its program order (the modeled timeline, fakegpu/report/schedule.py)
     arrived_at: dict[int, float] = field(default_factory=dict)
+    # global rank -> (client id, request id) of the GROUP frame that carried its part: calls one
+    # rank made in one ncclGroupStart/End run together, as one launch (the modeled timeline)
+    frames: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class Recorder(Protocol):

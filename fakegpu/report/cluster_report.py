@@ -360,7 +360,9 @@ class ClusterReport:
         else:
             self._dropped += 1
         # Modeled timeline: placed in each rank's program order (fakegpu/report/schedule.py).
-        self._schedule.add(participants, seconds, _arrivals(op), (op.comm.comm_id, op.seq), entry)
+        roles = {pair[0]: "send", pair[1]: "recv"} if pair is not None and pair[0] != pair[1] else None
+        self._schedule.add(participants, seconds, _arrivals(op), (op.comm.comm_id, op.seq), entry,
+                           frames=op.frames, roles=roles)
 
     def _attribute(self, kind: str, est: costmodel.Estimate) -> None:
         att = self._attributions.get(id(est))
@@ -472,6 +474,7 @@ class ClusterReport:
                         "transfers": s.transfers,
                         "operations": s.operations,
                         "peak_operation_bytes": s.peak_operation_bytes,
+                        "modeled_time_s": s.modeled_time_s,
                     }
                     for i, s in sorted(self._per_node_intra.items())
                 ]

@@ -11,6 +11,13 @@ its previous operation there, and lasts its modeled time. That is a longest-path
 the per-rank orders, so any processing order consistent with them gives the same result: the
 same program gives the same modeled timeline and makespan on every run.
 
+Calls a rank makes in one group (ncclGroupStart/End: one GROUP frame) are one launch on a GPU:
+they run together, not one after the other. The calls of such groups, joined through the ranks
+they share, start together when the last of their ranks is free; each rank is then busy for the
+larger of what it sends and what it receives (a collective counts as both), so a grouped
+send/recv exchange costs one transfer, not two, and a ring of grouped exchanges (pipeline
+parallelism) is not modeled as a chain.
+
 Operations are kept until the report is built (then placed on a copy of the clocks, so a report
 built while the job runs does not freeze the order of calls still to be reported) or until more
 than ``pending_limit`` participant entries wait; then they are placed for good, and a call reported
@@ -23,11 +30,14 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 
+
 @dataclass
 class _Op:
     participants: tuple[int, ...]
     seconds: float
     keys: tuple[tuple, ...]            # per participant: (arrival wall time, *tiebreak)
+    frames: tuple                      # per participant: its group's frame, or None
+    roles: tuple[str, ...]             # per participant: "send", "recv" or "both"
     entry: Optional[dict]              # the timeline entry whose modeled_start_s this sets
 
 
@@ -39,17 +49,22 @@ class ModeledSchedule:
         self._pending_entries = 0
 
     def add(self, participants: Sequence[int], seconds: float, arrivals: dict, tiebreak: tuple,
-            entry: Optional[dict] = None) -> None:
+            entry: Optional[dict] = None, frames: Optional[dict] = None,
+            roles: Optional[dict] = None) -> None:
         """One operation: its participants (global ranks), modeled seconds, each participant's
-        arrival wall time (missing ones: the earliest known), and a tiebreak for calls a rank
-        made at the same instant (one GROUP frame)."""
+        arrival wall time (missing ones: the earliest known), a tiebreak for calls a rank made at
+        the same instant, the group frame each participant sent it in (``frames``) and, for a
+        point-to-point call, who sends and who receives (``roles``)."""
         parts = tuple(dict.fromkeys(int(g) for g in participants))
         if not parts:
             return
         known = [float(arrivals[g]) for g in parts if g in arrivals]
         default = min(known) if known else 0.0
         keys = tuple((float(arrivals.get(g, default)),) + tuple(tiebreak) for g in parts)
-        self._pending.append(_Op(parts, float(seconds), keys, entry))
+        frames = frames or {}
+        roles = roles or {}
+        self._pending.append(_Op(parts, float(seconds), keys, tuple(frames.get(g) for g in parts),
+                                 tuple(roles.get(g, "both") for g in parts), entry))
         self._pending_entries += len(parts)
         if self._pending_entries > self.pending_limit:
             self._place(self._pending, self._clock)
@@ -64,56 +79,96 @@ class ModeledSchedule:
 
     @staticmethod
     def _place(ops: list[_Op], clock: dict[int, float]) -> None:
-        """Kahn's algorithm over the per-rank orders: an operation is ready when it is the next
-        one of every participant. Arrival times from one host clock are consistent; should they
-        ever not be (a cycle), the waiting operation with the earliest arrival goes first."""
+        """Kahn's algorithm over the per-rank orders of *units* (one call, or the calls of one
+        rank's group): a block of units joined by shared calls is ready when each of its units
+        is the next one of its rank. Arrival times from one host clock are consistent; should
+        they ever not be (a cycle), the waiting block with the earliest arrival goes first."""
         if not ops:
             return
-        queues: dict[int, list[tuple[tuple, int]]] = {}
+        unit_ops: dict[tuple, list[int]] = {}
+        unit_key: dict[tuple, tuple] = {}
         for i, op in enumerate(ops):
-            for g, key in zip(op.participants, op.keys):
-                queues.setdefault(g, []).append((key, i))
-        for q in queues.values():
-            q.sort()
-        head = {g: 0 for g in queues}
-        at_head = [0] * len(ops)
-        done = [False] * len(ops)
-        ready: list[tuple[tuple, int]] = []
+            for g, key, frame in zip(op.participants, op.keys, op.frames):
+                u = (g, ("frame", frame) if frame is not None else ("op", i))
+                unit_ops.setdefault(u, []).append(i)
+                if u not in unit_key or key < unit_key[u]:
+                    unit_key[u] = key
+        # blocks: units joined through the calls they share (union-find)
+        parent = {u: u for u in unit_ops}
 
-        def first_key(i: int) -> tuple:
-            return min(ops[i].keys)
+        def find(u):
+            while parent[u] != u:
+                parent[u] = parent[parent[u]]
+                u = parent[u]
+            return u
+
+        for i, op in enumerate(ops):
+            units = [(g, ("frame", f) if f is not None else ("op", i)) for g, f in zip(op.participants, op.frames)]
+            root = find(units[0])
+            for u in units[1:]:
+                r = find(u)
+                if r != root:
+                    parent[r] = root
+        blocks: dict[tuple, list[tuple]] = {}
+        for u in unit_ops:
+            blocks.setdefault(find(u), []).append(u)
+        block_of = {u: b for b, units in blocks.items() for u in units}
+        block_key = {b: min(unit_key[u] for u in units) for b, units in blocks.items()}
+
+        queues: dict[int, list[tuple]] = {}
+        for u in unit_ops:
+            queues.setdefault(u[0], []).append(u)
+        for q in queues.values():
+            q.sort(key=lambda u: (unit_key[u], u[1]))
+        head = {g: 0 for g in queues}
+        at_head = {b: 0 for b in blocks}
+        done: set = set()
+        ready: list[tuple] = []
 
         def advance(g: int) -> None:
             q = queues[g]
-            while head[g] < len(q) and done[q[head[g]][1]]:
+            while head[g] < len(q) and block_of[q[head[g]]] in done:
                 head[g] += 1
             if head[g] < len(q):
-                i = q[head[g]][1]
-                at_head[i] += 1
-                if at_head[i] == len(ops[i].participants):
-                    heapq.heappush(ready, (first_key(i), i))
+                b = block_of[q[head[g]]]
+                at_head[b] += 1
+                if at_head[b] == len(blocks[b]):
+                    heapq.heappush(ready, (block_key[b], b))
 
         for g in queues:
             advance(g)
-        remaining = len(ops)
+        remaining = len(blocks)
         while remaining:
             if ready:
-                _, i = heapq.heappop(ready)
-                if done[i]:
+                _, b = heapq.heappop(ready)
+                if b in done:
                     continue
             else:
-                # inconsistent arrival times: take the earliest operation at some rank's head
-                i = min((queues[g][head[g]][1] for g in queues if head[g] < len(queues[g])), key=first_key)
-            op = ops[i]
-            start = max((clock.get(g, 0.0) for g in op.participants), default=0.0)
-            for g in op.participants:
-                clock[g] = start + op.seconds
-            if op.entry is not None:
-                op.entry["modeled_start_s"] = start
-            done[i] = True
+                # inconsistent arrival times: take the earliest block at some rank's head
+                b = min((block_of[queues[g][head[g]]] for g in queues if head[g] < len(queues[g])),
+                        key=lambda b: block_key[b])
+            units = blocks[b]
+            members = sorted({i for u in units for i in unit_ops[u]})
+            ranks = {u[0] for u in units}
+            start = max((clock.get(g, 0.0) for g in ranks), default=0.0)
+            sent: dict[int, float] = {}
+            received: dict[int, float] = {}
+            for i in members:
+                op = ops[i]
+                if op.entry is not None:
+                    op.entry["modeled_start_s"] = start
+                for g, role in zip(op.participants, op.roles):
+                    if role != "recv":
+                        sent[g] = sent.get(g, 0.0) + op.seconds
+                    if role != "send":
+                        received[g] = received.get(g, 0.0) + op.seconds
+            for g in ranks:
+                clock[g] = start + max(sent.get(g, 0.0), received.get(g, 0.0))
+            done.add(b)
             remaining -= 1
-            for g in op.participants:
+            for u in units:
+                g = u[0]
                 q = queues[g]
-                if head[g] < len(q) and q[head[g]][1] == i:
+                if head[g] < len(q) and q[head[g]] == u:
                     head[g] += 1
                     advance(g)
