@@ -169,7 +169,7 @@ REPORT_SCHEMA = {
                 "transfers": _INT,
                 "operations": _INT,
                 "peak_operation_bytes": _INT,
-            })}}),
+            }, {"modeled_time_s": _NUM})}}),
             "inter_node": _obj(_LINK_COMMON),
         }),
         "node_pairs": {"type": "array", "items": _obj({
