@@ -419,6 +419,11 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
             if plan.algorithm in ("direct", "pairwise"):
                 # one peer gets few channels: a per-pair ceiling on fast NVLink ports
                 ends += ((("peer", a, b), P2P_PEER_MAX_GBS * 1e9),)
+            host = topo.nodes[na].pcie_host_gbs
+            if host and _intra_kind(topo, (a, b)) == "pcie":
+                # every GPU-to-GPU PCIe flow of the node also crosses the host (root complexes,
+                # the link between CPU sockets), which has a rate of its own for all of them
+                ends += ((("pcie_host", na), host * 1e9 * intra_eff),)
         elif plan.spread:
             ends = ((("net_out", na), topo.node_network_bytes_per_s(na) * inter_eff),
                     (("net_in", nb), topo.node_network_bytes_per_s(nb) * inter_eff))

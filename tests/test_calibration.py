@@ -3,11 +3,11 @@
 Guards today's level so a change that makes the model less faithful fails. The rows marked
 `heldout` in the CSV's `split` column were added after the model's constants were set and were not
 fitted on (for GCP A3 Mega only the 1 MB and 8 GB rows fix its YAML's per-message cost and
-efficiency; the twelve sizes between are held out). On all 57 points 72 % are within 20 % and the
-median |error| is 7.2 %; on the 19 held-out points 79 % and 3.4 %.
+efficiency; the twelve sizes between are held out). On all 57 points 75 % are within 20 % and the
+median |error| is 5.6 %; on the 19 held-out points 79 % and 3.4 %.
 Known gaps, kept in the table on purpose: a 2x1 H100 forced-Tree run that reached one NIC of
 four (+230..270 %), broadcast on 8x H100 (+60 %), latency of 8x RTX 4090 on PCIe (+71 %),
-2x H100 sendrecv (+62 %), 8x RTX 5090 (+25 %).
+A3 Mega TCPXO at 32-64 MB (-35..-40 %), AllGather on 32x8 H100 RoCE (+60 %).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def test_model_against_published_nccl_tests():
     assert len(table) >= 25
     within, median = calibration.summary(table)
     print(f"\n{len(table)} published points: {within:.0%} within 20 %, median |error| {median:.1%}")
-    assert within >= 0.70
-    assert median <= 0.08
+    assert within >= 0.74
+    assert median <= 0.065
     held_within, held_median = calibration.summary(table, "heldout")
     assert len([r for r in table if r["split"] == "heldout"]) >= 15
     assert held_within >= 0.75 and held_median <= 0.12, (held_within, held_median)

@@ -464,3 +464,24 @@ def test_nvls_tree_beyond_two_nodes_is_chosen_on_nccls_estimate_and_reaches_less
     e = estimate("AllReduce", 2 << 30, 4, list(range(32)), -1, -1, topo)
     assert e.algorithm == "nvls_tree"
     assert e.seconds > e.candidates["ring/simple"]
+
+
+def test_pcie_host_limit_is_shared_by_the_nodes_pcie_flows():
+    """`pcie_host_gbs`: what the host moves GPU-to-GPU over PCIe for all GPUs together. Four
+    cards stay under it, eight share it (NVIDIA/nccl issue 1639: 35 then 28 GB/s busbw)."""
+    def box(gpus: int, host: str = "") -> "object":
+        ranks = list(range(gpus))
+        return parse_cluster_config(
+            "version: 1\nnodes:\n"
+            f"  - {{id: n0, ranks: {ranks}, {host}gpus: [{', '.join(['{profile: rtx5090}'] * gpus)}]}}\n"
+            "fabric:\n  intra_node: {type: pcie, bandwidth_gbps: 512, latency_us: 5.7}\n")
+    S = 1 << 30
+    def busbw(topo, n):
+        return estimate("AllReduce", S // 4, 4, list(range(n)), -1, -1, topo).busbw_gbs
+    free4, free8 = busbw(box(4), 4), busbw(box(8), 8)
+    held4, held8 = busbw(box(4, "pcie_host_gbs: 280, "), 4), busbw(box(8, "pcie_host_gbs: 280, "), 8)
+    assert held4 == pytest.approx(free4)            # 4 x 43.75 GB/s fits under 280
+    assert held8 < 0.85 * free8                     # 8 x 43.75 does not
+    assert held8 == pytest.approx(280 * 0.80 / 8, rel=0.02)
+    with pytest.raises(ValueError, match="pcie_host_gbs"):
+        box(4, "pcie_host_gbs: -1, ")

@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
 
 def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str,
-             bridges: str = "") -> str:
+             node_extra: str = "") -> str:
     lines = ["version: 1", f"cluster: {{name: {name}}}", "nodes:"]
     for i in range(nodes):
         ranks = list(range(i * gpus, (i + 1) * gpus))
-        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {bridges}"
+        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {node_extra}"
                      f"gpus: [{', '.join(['{profile: ' + profile + '}'] * gpus)}]}}")
     lines += ["fabric:", f"  intra_node: {intra}", f"  inter_node: {inter}"]
     return "\n".join(lines) + "\n"
@@ -46,9 +46,12 @@ _EXTRA = {
     "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
     # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
     "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
-                                    bridges="nvlink_bridges: [[0, 1]], "),
+                                    node_extra="nvlink_bridges: [[0, 1]], "),
     # NVIDIA/nccl issue 1639: 8x RTX 5090 on PCIe 5
-    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR),
+    # (the host's 280 GB/s for all GPU-to-GPU flows together is fitted to the 8-GPU figure; the
+    # maintainer's answer there: on PCIe systems the CPU and memory set the rate, 8 flows x 28 GB/s)
+    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR,
+                                         node_extra="pcie_host_gbs: 280, "),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
     # GoogleCloudPlatform/ai-infra-cluster-provisioning, a3-mega README: 2 VMs x 8 H100, TCPXO

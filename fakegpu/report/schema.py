@@ -46,7 +46,7 @@ _TOPOLOGY = _obj({
         "gpus": {"type": "array", "items": {"type": "string"}},
         "nics": {"type": "integer", "minimum": 1},
         "nic_bandwidth_gbps": {"type": "number", "exclusiveMinimum": 0},
-    })},
+    }, {"pcie_host_gbs": {"type": ["number", "null"]}})},
     "fabric": _obj({"intra_node": _FABRIC, "inter_node": _FABRIC}),
 })
 

@@ -416,6 +416,7 @@ def _to_topology(data: dict, source: str) -> Topology:
             nics=int(n.get("nics", 1)),
             nic_bandwidth_gbps=float(n["nic_bandwidth_gbps"]) if "nic_bandwidth_gbps" in n else None,
             nvlink_bridges=tuple(tuple(sorted(p)) for p in n.get("nvlink_bridges", [])),
+            pcie_host_gbs=float(n["pcie_host_gbs"]) if "pcie_host_gbs" in n else None,
         )
         for n in data["nodes"]
     )

@@ -48,6 +48,9 @@ class Node:
     nics: int = 1                           # network adapters (rails) on this node
     nic_bandwidth_gbps: Optional[float] = None   # overrides fabric.inter_node.bandwidth_gbps
     nvlink_bridges: tuple[tuple[int, int], ...] = ()   # GPU slot pairs joined by an NVLink bridge
+    # GB/s per direction that the host (root complexes, the link between CPU sockets, memory) moves
+    # GPU-to-GPU over PCIe for all the node's GPUs together; None: no limit beyond each card's
+    pcie_host_gbs: Optional[float] = None
 
     def to_dict(self, inter: Fabric) -> dict:
         return {
@@ -57,6 +60,7 @@ class Node:
             "gpus": [g.name for g in self.gpus],
             "nics": self.nics,
             "nic_bandwidth_gbps": self.nic_bandwidth_gbps or inter.bandwidth_gbps,
+            "pcie_host_gbs": self.pcie_host_gbs,
         }
 
 

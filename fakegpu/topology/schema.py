@@ -68,6 +68,8 @@ CLUSTER_CONFIG_SCHEMA = {
                                   "items": {"type": "integer", "minimum": 0}},
                     },
                     "nic_bandwidth_gbps": _POSITIVE,
+                    # GB/s per direction the host moves GPU-to-GPU over PCIe, all GPUs together
+                    "pcie_host_gbs": _POSITIVE,
                 },
             },
         },
