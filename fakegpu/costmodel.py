@@ -64,7 +64,7 @@ _KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", 
 
 
 # Every algorithm name an Estimate can carry (besides "local" for free operations).
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pairwise", "direct")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pat", "pairwise", "direct")
 # Algorithms that are not NCCL's and are only considered when asked for by name: "hierarchical"
 # (reduce-scatter in the node, allreduce per rail, allgather in the node) moves half a ring's
 # bytes between nodes, which NCCL's ring and tree do not achieve without NVLS; letting it compete
@@ -225,10 +225,10 @@ def _check_protocol(name: str) -> str:
     return key
 
 
-# NCCL_ALGO names -> the model's algorithms (CollNet and PAT are not modeled; "hierarchical" may
+# NCCL_ALGO names -> the model's algorithms (CollNet is not modeled; "hierarchical" may
 # be named too, it is the model's own).
 _NCCL_ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "hierarchical": ("hierarchical",), "nvls": ("nvls",),
-                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ()}
+                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ("pat",)}
 
 
 def _parse_nccl_list(text: str, kind: str, names: dict[str, tuple[str, ...]]) -> Optional[set[str]]:
@@ -541,6 +541,13 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         plans.append(_Plan("ring", {e: per_edge for e in ring},
                            _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos,
                            inter_steps=inter))
+        if nnodes == n > 2:
+            # PAT (NCCL 2.23+, one GPU per node): a Bruck-like schedule whose chunks reach every
+            # rank in log2(n) network steps instead of the ring's n-1; it moves the ring's bytes
+            # (each rank still sends and receives (n-1)/n of the total), Simple protocol only.
+            steps = math.ceil(math.log2(n))
+            plans.append(_Plan("pat", {e: per_edge for e in ring}, _steps(topo, members, "ring", 0, steps),
+                               protocols=("simple",), inter_steps=steps))
     elif kind in ("Broadcast", "Reduce"):
         root_g = members[root]
         start = order.index(root_g)

@@ -485,3 +485,21 @@ def test_pcie_host_limit_is_shared_by_the_nodes_pcie_flows():
     assert held8 == pytest.approx(280 * 0.80 / 8, rel=0.02)
     with pytest.raises(ValueError, match="pcie_host_gbs"):
         box(4, "pcie_host_gbs: -1, ")
+
+
+def test_pat_for_allgather_and_reducescatter_with_one_gpu_per_node():
+    nodes = "\n".join(f"  - {{id: n{i}, ranks: [{i}], gpus: [{{profile: h100}}]}}" for i in range(64))
+    topo = parse_cluster_config("version: 1\nnodes:\n" + nodes + "\nfabric:\n"
+                                "  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}\n"
+                                "  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}\n")
+    ranks = list(range(64))
+    for kind in ("AllGather", "ReduceScatter"):
+        e = estimate(kind, 1024, 4, ranks, -1, -1, topo)
+        assert (e.algorithm, e.protocol) == ("pat", "simple")
+        # log2(64) = 6 network steps against the ring's 63
+        assert e.candidates["pat/simple"] < e.candidates["ring/simple"] / 5
+        assert e.transfers == estimate(kind, 1024, 4, ranks, -1, -1, topo, ["ring"], ["simple"]).transfers
+        assert estimate(kind, 1024, 4, ranks, -1, -1, topo, ["ring"]).algorithm == "ring"
+    # several GPUs per node: no PAT, as in NCCL
+    h100 = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    assert not any(k.startswith("pat") for k in estimate("AllGather", 1024, 4, list(range(16)), -1, -1, h100).candidates)
