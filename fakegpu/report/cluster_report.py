@@ -361,7 +361,9 @@ class ClusterReport:
             self._dropped += 1
         # Modeled timeline: placed in each rank's program order (fakegpu/report/schedule.py).
         roles = {pair[0]: "send", pair[1]: "recv"} if pair is not None and pair[0] != pair[1] else None
-        self._schedule.add(participants, seconds, _arrivals(op), (op.comm.comm_id, op.seq), entry,
+        # tiebreak (seq first): records without arrival times (fake worlds) number their
+        # operations in program order
+        self._schedule.add(participants, seconds, _arrivals(op), (op.seq, op.comm.comm_id), entry,
                            frames=op.frames, roles=roles)
 
     def _attribute(self, kind: str, est: costmodel.Estimate) -> None:
@@ -633,11 +635,13 @@ class ClusterReport:
 
 def _arrivals(op: OpRecord) -> dict[int, float]:
     """Each participant's arrival wall time: the record's own, else what its waits imply (the
-    last arrival, started_at + rendezvous_s, minus the rank's wait)."""
+    last arrival, started_at + rendezvous_s, minus the rank's wait), else started_at."""
     if op.arrived_at:
         return dict(op.arrived_at)
     last = op.started_at + op.rendezvous_s
-    return {g: last - w for g, w in op.arrival_wait_s.items()}
+    if op.arrival_wait_s:
+        return {g: last - w for g, w in op.arrival_wait_s.items()}
+    return {g: op.started_at for g in op.comm.global_ranks}
 
 
 def _jsonable(value: Any) -> Any:

@@ -5,11 +5,13 @@ arena reach it later, in LOCAL_OPS batches, than calls it matched itself, and ca
 communicators complete in whatever order the processes are scheduled. Placing each operation when
 it is *recorded* made the modeled timeline depend on that order (a subgroup allreduce issued before
 a barrier could be modeled after it). Instead each operation carries, per participant, the wall
-time at which that rank arrived at it; a rank's calls are sequential, so these times give its
-program order. An operation starts on the modeled timeline when every participant has finished
-its previous operation there, and lasts its modeled time. That is a longest-path computation over
-the per-rank orders, so any processing order consistent with them gives the same result: the
-same program gives the same modeled timeline and makespan on every run.
+time at which that rank arrived at it. An operation starts on the modeled timeline when every
+participant has finished its previous operation there, and lasts its modeled time. That is a
+longest-path computation over the per-rank program orders, so any processing order consistent
+with them gives the same result: the same program gives the same modeled timeline and makespan on
+every run. Operations are processed by their *last* arrival: a rank's next call arrives only
+after its previous call completed, which needs every participant of it to have arrived, so the
+last arrival of a rank's earlier call always precedes the last arrival of its later one.
 
 Calls a rank makes in one group (ncclGroupStart/End: one GROUP frame) are one launch on a GPU:
 they run together, not one after the other. The calls of such groups, joined through the ranks
@@ -20,55 +22,50 @@ parallelism) is not modeled as a chain.
 
 Operations are kept until the report is built (then placed on a copy of the clocks, so a report
 built while the job runs does not freeze the order of calls still to be reported) or until more
-than ``pending_limit`` participant entries wait; then they are placed for good, and a call reported
-after that is placed after them.
+than ``pending_limit`` operations wait; then they are placed for good, and a call reported after
+that is placed after them.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Optional, Sequence
-
 
 
 @dataclass
 class _Op:
     participants: tuple[int, ...]
     seconds: float
-    keys: tuple[tuple, ...]            # per participant: (arrival wall time, *tiebreak)
+    key: tuple                         # (last arrival wall time, *tiebreak)
     frames: tuple                      # per participant: its group's frame, or None
     roles: tuple[str, ...]             # per participant: "send", "recv" or "both"
     entry: Optional[dict]              # the timeline entry whose modeled_start_s this sets
 
 
 class ModeledSchedule:
-    def __init__(self, pending_limit: int = 2_000_000):
+    def __init__(self, pending_limit: int = 100_000):
         self.pending_limit = max(1, int(pending_limit))
         self._clock: dict[int, float] = {}
         self._pending: list[_Op] = []
-        self._pending_entries = 0
 
     def add(self, participants: Sequence[int], seconds: float, arrivals: dict, tiebreak: tuple,
             entry: Optional[dict] = None, frames: Optional[dict] = None,
             roles: Optional[dict] = None) -> None:
         """One operation: its participants (global ranks), modeled seconds, each participant's
-        arrival wall time (missing ones: the earliest known), a tiebreak for calls a rank made at
-        the same instant, the group frame each participant sent it in (``frames``) and, for a
-        point-to-point call, who sends and who receives (``roles``)."""
+        arrival wall time, a tiebreak for operations that arrived at the same instant, the group
+        frame each participant sent it in (``frames``) and, for a point-to-point call, who sends
+        and who receives (``roles``)."""
         parts = tuple(dict.fromkeys(int(g) for g in participants))
         if not parts:
             return
-        known = [float(arrivals[g]) for g in parts if g in arrivals]
-        default = min(known) if known else 0.0
-        keys = tuple((float(arrivals.get(g, default)),) + tuple(tiebreak) for g in parts)
+        last = max((float(arrivals[g]) for g in parts if g in arrivals), default=0.0)
         frames = frames or {}
         roles = roles or {}
-        self._pending.append(_Op(parts, float(seconds), keys, tuple(frames.get(g) for g in parts),
-                                 tuple(roles.get(g, "both") for g in parts), entry))
-        self._pending_entries += len(parts)
-        if self._pending_entries > self.pending_limit:
+        self._pending.append(_Op(parts, float(seconds), (last,) + tuple(tiebreak),
+                                 tuple(frames.get(g) for g in parts) if frames else (),
+                                 tuple(roles.get(g, "both") for g in parts) if roles else (), entry))
+        if len(self._pending) > self.pending_limit:
             self._place(self._pending, self._clock)
-            self._pending, self._pending_entries = [], 0
+            self._pending = []
 
     def clocks(self) -> dict[int, float]:
         """Each rank's modeled clock (end of its last operation) with every operation so far
@@ -79,22 +76,12 @@ class ModeledSchedule:
 
     @staticmethod
     def _place(ops: list[_Op], clock: dict[int, float]) -> None:
-        """Kahn's algorithm over the per-rank orders of *units* (one call, or the calls of one
-        rank's group): a block of units joined by shared calls is ready when each of its units
-        is the next one of its rank. Arrival times from one host clock are consistent; should
-        they ever not be (a cycle), the waiting block with the earliest arrival goes first."""
+        """Place blocks in the order of their last arrival. A block is one operation, or the
+        operations of group frames joined through the calls they share (union-find over the
+        units (rank, frame))."""
         if not ops:
             return
-        unit_ops: dict[tuple, list[int]] = {}
-        unit_key: dict[tuple, tuple] = {}
-        for i, op in enumerate(ops):
-            for g, key, frame in zip(op.participants, op.keys, op.frames):
-                u = (g, ("frame", frame) if frame is not None else ("op", i))
-                unit_ops.setdefault(u, []).append(i)
-                if u not in unit_key or key < unit_key[u]:
-                    unit_key[u] = key
-        # blocks: units joined through the calls they share (union-find)
-        parent = {u: u for u in unit_ops}
+        parent: dict = {}
 
         def find(u):
             while parent[u] != u:
@@ -102,73 +89,52 @@ class ModeledSchedule:
                 u = parent[u]
             return u
 
+        block_of_op: list = [None] * len(ops)
         for i, op in enumerate(ops):
-            units = [(g, ("frame", f) if f is not None else ("op", i)) for g, f in zip(op.participants, op.frames)]
+            if not any(f is not None for f in op.frames):
+                continue
+            units = [(g, f) if f is not None else ("op", i) for g, f in zip(op.participants, op.frames)]
+            for u in units:
+                parent.setdefault(u, u)
             root = find(units[0])
             for u in units[1:]:
                 r = find(u)
                 if r != root:
                     parent[r] = root
-        blocks: dict[tuple, list[tuple]] = {}
-        for u in unit_ops:
-            blocks.setdefault(find(u), []).append(u)
-        block_of = {u: b for b, units in blocks.items() for u in units}
-        block_key = {b: min(unit_key[u] for u in units) for b, units in blocks.items()}
-
-        queues: dict[int, list[tuple]] = {}
-        for u in unit_ops:
-            queues.setdefault(u[0], []).append(u)
-        for q in queues.values():
-            q.sort(key=lambda u: (unit_key[u], u[1]))
-        head = {g: 0 for g in queues}
-        at_head = {b: 0 for b in blocks}
-        done: set = set()
-        ready: list[tuple] = []
-
-        def advance(g: int) -> None:
-            q = queues[g]
-            while head[g] < len(q) and block_of[q[head[g]]] in done:
-                head[g] += 1
-            if head[g] < len(q):
-                b = block_of[q[head[g]]]
-                at_head[b] += 1
-                if at_head[b] == len(blocks[b]):
-                    heapq.heappush(ready, (block_key[b], b))
-
-        for g in queues:
-            advance(g)
-        remaining = len(blocks)
-        while remaining:
-            if ready:
-                _, b = heapq.heappop(ready)
-                if b in done:
-                    continue
+            block_of_op[i] = units[0]
+        blocks: dict = {}
+        singles = []
+        for i, op in enumerate(ops):
+            if block_of_op[i] is None:
+                singles.append((op.key, i, None))
             else:
-                # inconsistent arrival times: take the earliest block at some rank's head
-                b = min((block_of[queues[g][head[g]]] for g in queues if head[g] < len(queues[g])),
-                        key=lambda b: block_key[b])
-            units = blocks[b]
-            members = sorted({i for u in units for i in unit_ops[u]})
-            ranks = {u[0] for u in units}
-            start = max((clock.get(g, 0.0) for g in ranks), default=0.0)
-            sent: dict[int, float] = {}
-            received: dict[int, float] = {}
-            for i in members:
+                blocks.setdefault(find(block_of_op[i]), []).append(i)
+        order = singles + [(max(ops[i].key for i in members), members[0], members)
+                           for members in blocks.values()]
+        order.sort(key=lambda item: (item[0], item[1]))
+        for _, i, members in order:
+            if members is None:
                 op = ops[i]
+                start = max(clock.get(g, 0.0) for g in op.participants)
+                end = start + op.seconds
+                for g in op.participants:
+                    clock[g] = end
                 if op.entry is not None:
                     op.entry["modeled_start_s"] = start
-                for g, role in zip(op.participants, op.roles):
+                continue
+            ranks = {g for j in members for g in ops[j].participants}
+            start = max(clock.get(g, 0.0) for g in ranks)
+            sent: dict[int, float] = {}
+            received: dict[int, float] = {}
+            for j in members:
+                op = ops[j]
+                if op.entry is not None:
+                    op.entry["modeled_start_s"] = start
+                for k, g in enumerate(op.participants):
+                    role = op.roles[k] if op.roles else "both"
                     if role != "recv":
                         sent[g] = sent.get(g, 0.0) + op.seconds
                     if role != "send":
                         received[g] = received.get(g, 0.0) + op.seconds
             for g in ranks:
                 clock[g] = start + max(sent.get(g, 0.0), received.get(g, 0.0))
-            done.add(b)
-            remaining -= 1
-            for u in units:
-                g = u[0]
-                q = queues[g]
-                if head[g] < len(q) and q[head[g]] == u:
-                    head[g] += 1
-                    advance(g)
