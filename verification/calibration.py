@@ -31,12 +31,9 @@ NDR = "{type: infiniband, bandwidth_gbps: 400, latency_us: 5}"
 HDR = "{type: infiniband, bandwidth_gbps: 200, latency_us: 5}"
 ROCE400 = "{type: roce, bandwidth_gbps: 400, latency_us: 5}"
 NVLINK4_H800 = "{type: nvlink, bandwidth_gbps: 1600, latency_us: 2.5}"
-# GCP A3 Mega: eight 200 Gb/s NICs per VM driven by GPUDirect-TCPXO, a proxy transport whose
-# per-message cost and line-rate fraction are fitted to the two "fit" rows of its table
-# (1 MB and 8 GB; the twelve sizes between are held out).
-TCPXO = "{type: ethernet, bandwidth_gbps: 200, latency_us: 10, per_message_us: 900, efficiency: 0.45}"
 
-# Clusters of the published results that no bundled config describes.
+# Clusters of the published results that no bundled config describes (GCP A3 Mega, the 8x RTX
+# 5090 box and the bridged H100 PCIe pair are bundled: cluster_configs/).
 _EXTRA = {
     # NVIDIA/nccl-tests issue 232: 2 nodes x 1 H100, four 400G NICs each
     "h100-2node-1gpu-4nic": _cluster("h100-2x1-4nic", 2, 1, "h100", NVLINK4, 4, NDR),
@@ -44,18 +41,8 @@ _EXTRA = {
     "h100-4node-8gpu-ib-8x400g": _cluster("h100-4x8-ndr", 4, 8, "h100", NVLINK4, 8, NDR),
     # NVIDIA/nccl issue 1048: 2 nodes x 8 A100, 4x 200G HDR per node
     "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
-    # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
-    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
-                                    node_extra="nvlink_bridges: [[0, 1]], "),
-    # NVIDIA/nccl issue 1639: 8x RTX 5090 on PCIe 5
-    # (the host's 280 GB/s for all GPU-to-GPU flows together is fitted to the 8-GPU figure; the
-    # maintainer's answer there: on PCIe systems the CPU and memory set the rate, 8 flows x 28 GB/s)
-    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR,
-                                         node_extra="pcie_host_gbs: 280, "),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
-    # GoogleCloudPlatform/ai-infra-cluster-provisioning, a3-mega README: 2 VMs x 8 H100, TCPXO
-    "h100-a3mega-2node-tcpxo": _cluster("a3mega-2x8", 2, 8, "h100", NVLINK4, 8, TCPXO),
     # NVIDIA/nccl issue 1218: 32 nodes x 8 H100, eight 400G RoCE NICs each
     "h100-32node-8gpu-roce-8x400g": _cluster("h100-32x8-roce", 32, 8, "h100", NVLINK4, 8, ROCE400),
     # NVIDIA/nccl-tests issue 283: 248 nodes x 8 H200, eight 400G HCAs each
