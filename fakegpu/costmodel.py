@@ -428,10 +428,12 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
             ends = ((("net_out", na), topo.node_network_bytes_per_s(na) * inter_eff),
                     (("net_in", nb), topo.node_network_bytes_per_s(nb) * inter_eff))
         else:
-            ra = topo.local_index(a) % topo.nodes[na].nics
-            rb = topo.local_index(b) % topo.nodes[nb].nics
-            ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff * plan.inter_scale),
-                    (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff * plan.inter_scale))
+            # a GPU's own rail: its NIC, or its share of the node's NICs when there are more
+            # NICs than GPUs (2 x 100G per GPU on a 16-NIC node), shared when there are fewer
+            ra, rate_a = _rail(topo, a, na)
+            rb, rate_b = _rail(topo, b, nb)
+            ends = ((("nic_out", na, ra), rate_a * inter_eff * plan.inter_scale),
+                    (("nic_in", nb, rb), rate_b * inter_eff * plan.inter_scale))
         if na != nb:
             # slow_link faults (docs/faults.md): the pair's bytes count factor times.
             nbytes *= topo.link_factor(na, nb)
@@ -445,6 +447,13 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         per_round = max(plan.edges.values())
         return plan.rounds * per_round / min(capacity.values())
     return max(load[key] / capacity[key] for key in load)
+
+
+def _rail(topo: "Topology", rank: int, node_index: int) -> tuple[int, float]:
+    """(rail id, bytes/s) of the NICs ``rank`` drives for rail-bound traffic."""
+    node = topo.nodes[node_index]
+    per_gpu = max(1, node.nics // max(1, len(node.ranks)))
+    return topo.local_index(rank) % node.nics // per_gpu, topo.nic_bytes_per_s(node_index) * per_gpu
 
 
 def _fixed(seconds: float) -> Callable[[str], float]:

@@ -503,3 +503,19 @@ def test_pat_for_allgather_and_reducescatter_with_one_gpu_per_node():
     # several GPUs per node: no PAT, as in NCCL
     h100 = cfg("h100-2node-8gpu-ib-8x400g.yaml")
     assert not any(k.startswith("pat") for k in estimate("AllGather", 1024, 4, list(range(16)), -1, -1, h100).candidates)
+
+
+def test_a_gpu_drives_its_share_of_the_nodes_nics():
+    """16 x 100G NICs for 8 GPUs: a GPU's rail-bound traffic (send/recv) gets two NICs; with one
+    NIC per GPU, one."""
+    def two_nodes(nics: int):
+        nodes = "\n".join(f"  - {{id: n{i}, ranks: {list(range(8 * i, 8 * i + 8))}, nics: {nics}, "
+                          f"gpus: [{', '.join(['{profile: a100-80gb}'] * 8)}]}}" for i in range(2))
+        return parse_cluster_config("version: 1\nnodes:\n" + nodes + "\nfabric:\n"
+                                    "  intra_node: {type: nvlink, bandwidth_gbps: 2400, latency_us: 3}\n"
+                                    "  inter_node: {type: roce, bandwidth_gbps: 100, latency_us: 5}\n")
+    S = 1 << 30
+    one = estimate("SendRecv", S, 1, list(range(16)), 0, 8, two_nodes(8))
+    two = estimate("SendRecv", S, 1, list(range(16)), 0, 8, two_nodes(16))
+    assert one.algbw_gbs == pytest.approx(12.5 * 0.90, rel=0.01)
+    assert two.algbw_gbs == pytest.approx(2 * 12.5 * 0.90, rel=0.01)
