@@ -11,6 +11,7 @@ The formulas are written out in docs/cost-model.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections import defaultdict
@@ -36,6 +37,11 @@ EFFICIENCY = {
 # 0.65 makes 8x A100 send/recv match the figure quoted in issue 12 (the collectives' 0.82 was
 # +26 %); 2x H100 sendrecv_perf plateaus lower still (~180 GB/s, NVIDIA/nccl-tests issue 268).
 P2P_EFFICIENCY = {"nvlink": 0.65, "nvswitch": 0.65}
+# ...and one pair of GPUs never gets more than this (GB/s) whatever the link: NCCL drives a
+# peer with a fixed handful of channels. 190 sits between the 2x H100 sendrecv_perf plateau,
+# ~180 GB/s (NVIDIA/nccl-tests issue 268), and the 8x A100 figure quoted in issue 12
+# (~195 = 300 x 0.82 / 1.26); NVLink3 (A100) at 0.65 is just under it.
+P2P_PEER_MAX_GBS = 190.0
 # NVLink SHARP allreduce: algbw as a fraction of one GPU's NVLink line rate (fit to 8x H100
 # NVLS busbw ~474 GB/s at 4 GB: algbw = 474 * 8 / 14 = 271 GB/s of 450).
 NVLS_EFFICIENCY = 0.60
@@ -58,7 +64,7 @@ _KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", 
 
 
 # Every algorithm name an Estimate can carry (besides "local" for free operations).
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pairwise", "direct")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pat", "pairwise", "direct")
 # Algorithms that are not NCCL's and are only considered when asked for by name: "hierarchical"
 # (reduce-scatter in the node, allreduce per rail, allgather in the node) moves half a ring's
 # bytes between nodes, which NCCL's ring and tree do not achieve without NVLS; letting it compete
@@ -166,6 +172,9 @@ class _Plan:
     intra_eff: Optional[float] = None   # overrides the fabric efficiency (NVLS)
     inter_scale: float = 1.0     # fraction of the NIC rate the plan gets (NVLS-tree beyond 2 nodes)
     protocols: tuple[str, ...] = ("simple",)
+    # network steps of one chunk's path: a proxy transport's per-message cost is paid on each,
+    # in a pipeline stage of its own that overlaps the transfers (see estimate())
+    inter_steps: float = 0.0
 
 
 # -- protocols (NCCL's src/graph/tuning.cc, https://github.com/NVIDIA/nccl) -------------------
@@ -216,10 +225,10 @@ def _check_protocol(name: str) -> str:
     return key
 
 
-# NCCL_ALGO names -> the model's algorithms (CollNet and PAT are not modeled; "hierarchical" may
+# NCCL_ALGO names -> the model's algorithms (CollNet is not modeled; "hierarchical" may
 # be named too, it is the model's own).
 _NCCL_ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "hierarchical": ("hierarchical",), "nvls": ("nvls",),
-                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ()}
+                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ("pat",)}
 
 
 def _parse_nccl_list(text: str, kind: str, names: dict[str, tuple[str, ...]]) -> Optional[set[str]]:
@@ -256,6 +265,10 @@ def tuning_from_env(kind: str, environ=None) -> tuple[Optional[set[str]], Option
     env = os.environ if environ is None else environ
     kind = normalize_kind(kind)
     algos = _parse_nccl_list(env["NCCL_ALGO"], kind, _NCCL_ALGO_NAMES) if env.get("NCCL_ALGO") else None
+    if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
+        # NCCL_NVLS_ENABLE=0 takes NVLink SHARP (NVLS and NVLS-tree) out of the choice
+        every = {a for group in _NCCL_ALGO_NAMES.values() for a in group} - set(NOT_NCCL)
+        algos = (every if algos is None else algos) - {"nvls", "nvls_tree"}
     protos = (_parse_nccl_list(env["NCCL_PROTO"], kind, {p: (p,) for p in PROTOCOLS})
               if env.get("NCCL_PROTO") else None)
     return algos, protos
@@ -313,22 +326,33 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
     candidates: dict[str, float] = {}
     for plan in plans:
         simple_bw_time = _bandwidth_time(plan, topology)
+        # NCCL picks on its own estimate, which gives NVLS-tree the full rail rate at any node
+        # count; what the run then reaches beyond two nodes is inter_scale of it. So the choice
+        # is made on the full-rate time and the modeled time is the reached one.
+        believed_bw_time = (simple_bw_time if plan.inter_scale == 1.0
+                            else _bandwidth_time(dataclasses.replace(plan, inter_scale=1.0), topology))
         protos = [p for p in plan.protocols if p != "ll128" or ll128_ok or (wanted_protos and "ll128" in wanted_protos)]
         if wanted_protos is not None:
             protos = [p for p in protos if p in wanted_protos] or protos
         for proto in protos:
             bw_time = _protocol_bandwidth_time(plan, proto, simple_bw_time, kind, size, n, nnodes)
+            believed = _protocol_bandwidth_time(plan, proto, believed_bw_time, kind, size, n, nnodes)
             latency = plan.latency_s(proto)
             if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
                     and count * elem_size >= n / 16.0 * 65536):
                 latency *= RING_PLATEAU
             latency += LAUNCH_OVERHEAD_S
+            # A proxy transport handles one message per network step; its host thread is a
+            # pipeline stage beside the wire, so the slower of the two sets the pace.
+            messages = plan.inter_steps * topology.inter_node.per_message_us * 1e-6
+            bw_time = max(bw_time, messages)
             total = latency + bw_time
+            score = latency + max(believed, messages)
             candidates[f"{plan.algorithm}/{proto}"] = total
-            if best is None or total < best[0]:
-                best = (total, latency, bw_time, plan, proto)
+            if best is None or score < best[0]:
+                best = (score, total, latency, bw_time, plan, proto)
     assert best is not None
-    total, latency, bw_time, plan, proto = best
+    _, total, latency, bw_time, plan, proto = best
     transfers = {edge: int(round(b)) for edge, b in plan.edges.items() if b > 0}
     node_bytes: dict[tuple[int, int], int] = defaultdict(int)
     for (a, b), nbytes in transfers.items():
@@ -378,7 +402,7 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
     if plan.algorithm in ("direct", "pairwise") and plan.intra_eff is None:
         # point-to-point (send/recv, all-to-all, gather/scatter) has its own efficiency
         intra_eff = P2P_EFFICIENCY.get(topo.intra_node.type, intra_eff)
-    inter_eff = _eff(topo.inter_node.type)
+    inter_eff = topo.inter_node.efficiency or _eff(topo.inter_node.type)
     load: dict[tuple, float] = defaultdict(float)
     capacity: dict[tuple, float] = {}
     for (a, b), nbytes in plan.edges.items():
@@ -392,14 +416,24 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         elif na == nb:
             ends = ((("port_out", a), topo.gpu_port_bytes_per_s(a) * intra_eff),
                     (("port_in", b), topo.gpu_port_bytes_per_s(b) * intra_eff))
+            if plan.algorithm in ("direct", "pairwise"):
+                # one peer gets few channels: a per-pair ceiling on fast NVLink ports
+                ends += ((("peer", a, b), P2P_PEER_MAX_GBS * 1e9),)
+            host = topo.nodes[na].pcie_host_gbs
+            if host and _intra_kind(topo, (a, b)) == "pcie":
+                # every GPU-to-GPU PCIe flow of the node also crosses the host (root complexes,
+                # the link between CPU sockets), which has a rate of its own for all of them
+                ends += ((("pcie_host", na), host * 1e9 * intra_eff),)
         elif plan.spread:
             ends = ((("net_out", na), topo.node_network_bytes_per_s(na) * inter_eff),
                     (("net_in", nb), topo.node_network_bytes_per_s(nb) * inter_eff))
         else:
-            ra = topo.local_index(a) % topo.nodes[na].nics
-            rb = topo.local_index(b) % topo.nodes[nb].nics
-            ends = ((("nic_out", na, ra), topo.nic_bytes_per_s(na) * inter_eff * plan.inter_scale),
-                    (("nic_in", nb, rb), topo.nic_bytes_per_s(nb) * inter_eff * plan.inter_scale))
+            # a GPU's own rail: its NIC, or its share of the node's NICs when there are more
+            # NICs than GPUs (2 x 100G per GPU on a 16-NIC node), shared when there are fewer
+            ra, rate_a = _rail(topo, a, na)
+            rb, rate_b = _rail(topo, b, nb)
+            ends = ((("nic_out", na, ra), rate_a * inter_eff * plan.inter_scale),
+                    (("nic_in", nb, rb), rate_b * inter_eff * plan.inter_scale))
         if na != nb:
             # slow_link faults (docs/faults.md): the pair's bytes count factor times.
             nbytes *= topo.link_factor(na, nb)
@@ -413,6 +447,13 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
         per_round = max(plan.edges.values())
         return plan.rounds * per_round / min(capacity.values())
     return max(load[key] / capacity[key] for key in load)
+
+
+def _rail(topo: "Topology", rank: int, node_index: int) -> tuple[int, float]:
+    """(rail id, bytes/s) of the NICs ``rank`` drives for rail-bound traffic."""
+    node = topo.nodes[node_index]
+    per_gpu = max(1, node.nics // max(1, len(node.ranks)))
+    return topo.local_index(rank) % node.nics // per_gpu, topo.nic_bytes_per_s(node_index) * per_gpu
 
 
 def _fixed(seconds: float) -> Callable[[str], float]:
@@ -443,7 +484,8 @@ def _steps(topo: "Topology", members, algorithm: str, intra_steps: float, inter_
 
     def latency(proto: str) -> float:
         intra = a_intra * ratio[kind][proto] * (1.8 if multi and proto == "ll" else 1.0)
-        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * a_inter * ratio["net"][proto]
+        net = a_inter * ratio["net"][proto]
+        return base[proto] * 1e-6 + intra_steps * intra + inter_steps * net
     return latency
 
 
@@ -452,7 +494,10 @@ def _node_count(topo: "Topology", members) -> int:
 
 
 def _alpha(topo: "Topology", a: int, b: int) -> float:
-    return topo.link(a, b).latency_s
+    link = topo.link(a, b)
+    if link.scope == "inter_node":
+        return link.latency_s + topo.inter_node.per_message_us * 1e-6
+    return link.latency_s
 
 
 def _max_alpha(topo: "Topology", edges) -> float:
@@ -491,7 +536,8 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         # a chunk's path around the ring: 2(n-1) hops, 2N of them between nodes (NCCL's count)
         inter = min(2 * nnodes, 2 * (n - 1)) if nnodes > 1 else 0
         plans.append(_Plan("ring", {e: per_edge for e in ring},
-                           _steps(topo, members, "ring", 2 * (n - 1) - inter, inter), protocols=protos))
+                           _steps(topo, members, "ring", 2 * (n - 1) - inter, inter), protocols=protos,
+                           inter_steps=inter))
         if n > 2:
             plans.append(_double_binary_tree(order, c, topo))
         hier = _hierarchical(order, c, topo)
@@ -502,7 +548,15 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         per_edge = (n - 1) * c   # (n-1)/n of the total n*c
         inter = nnodes - 1
         plans.append(_Plan("ring", {e: per_edge for e in ring},
-                           _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos))
+                           _steps(topo, members, "ring", n - 1 - inter, inter), protocols=protos,
+                           inter_steps=inter))
+        if nnodes == n > 2:
+            # PAT (NCCL 2.23+, one GPU per node): a Bruck-like schedule whose chunks reach every
+            # rank in log2(n) network steps instead of the ring's n-1; it moves the ring's bytes
+            # (each rank still sends and receives (n-1)/n of the total), Simple protocol only.
+            steps = math.ceil(math.log2(n))
+            plans.append(_Plan("pat", {e: per_edge for e in ring}, _steps(topo, members, "ring", 0, steps),
+                               protocols=("simple",), inter_steps=steps))
     elif kind in ("Broadcast", "Reduce"):
         root_g = members[root]
         start = order.index(root_g)
@@ -512,7 +566,7 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
             links = [(b, a) for a, b in links]
         inter = sum(1 for a, b in links if not topo.same_node(a, b))
         plans.append(_Plan("ring", {e: c for e in links}, _steps(topo, members, "ring", len(links) - inter, inter),
-                           protocols=protos))
+                           protocols=protos, inter_steps=inter))
         tree_links, rounds = _binomial(chain)
         if kind == "Reduce":
             tree_links = [(b, a) for a, b in tree_links]
@@ -550,7 +604,8 @@ def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
     nnodes = _node_count(topo, order)
     g = n / nnodes
     inter = math.ceil(math.log2(nnodes)) if nnodes > 1 else 0
-    return _Plan("tree", edges, _steps(topo, order, "tree", 2 * (g - 1), 2 * inter), protocols=PROTOCOLS)
+    return _Plan("tree", edges, _steps(topo, order, "tree", 2 * (g - 1), 2 * inter), protocols=PROTOCOLS,
+                 inter_steps=2 * inter)
 
 
 def _binomial(chain: list[int]) -> tuple[list[tuple[int, int]], int]:
@@ -596,7 +651,7 @@ def _hierarchical(order: list[int], c: float, topo: "Topology") -> Optional[_Pla
         for a, b in _ring_edges(rail):
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
     return _Plan("hierarchical", edges, _steps(topo, order, "hierarchical", 2 * (g - 1), 2 * (nn - 1)),
-                 spread=False, protocols=PROTOCOLS)
+                 spread=False, protocols=PROTOCOLS, inter_steps=2 * (nn - 1))
 
 
 def _nvls_capable(order: list[int], topo: "Topology") -> bool:
@@ -641,6 +696,7 @@ def _nvls(order: list[int], c: float, topo: "Topology") -> list[_Plan]:
     # half the network bandwidth, fitted here as NVLS_TREE_INTER_SCALE of it (docs/cost-model.md).
     hops = 2 * math.ceil(math.log2(nn))
     return [_Plan("nvls_tree", edges, _fixed(NVLS_BASE_LATENCY_S + 2 * a_intra + hops * a_inter), spread=False,
+                  inter_steps=hops,
                   intra_eff=NVLS_TREE_EFFICIENCY, inter_scale=1.0 if nn <= 2 else NVLS_TREE_INTER_SCALE)]
 
 

@@ -160,8 +160,9 @@ def test_sendrecv_exact_bytes():
     topo = cfg("dev-2node-2gpu.yaml")
     intra = estimate("SendRecv", 1000, 2, [0, 1, 2, 3], 0, 1, topo)
     assert intra.transfers == {(0, 1): 2000}
-    # point-to-point over NVLink at its own efficiency (0.65, not the collectives' 0.82)
-    assert intra.seconds == pytest.approx(L0 + 3e-6 + 2000 / (300e9 * 0.65))
+    # point-to-point over NVLink at its own efficiency (0.65, not the collectives' 0.82), and
+    # never above the per-pair ceiling
+    assert intra.seconds == pytest.approx(L0 + 3e-6 + 2000 / min(300e9 * 0.65, costmodel.P2P_PEER_MAX_GBS * 1e9))
     inter = estimate("Send", 1000, 2, [1, 2], 0, 1, topo)
     assert inter.transfers == {(1, 2): 2000}
     assert inter.node_bytes == {(0, 1): 2000}
@@ -412,3 +413,109 @@ def test_model_command_proto_and_environment():
     assert (row["algorithm"], row["protocol"]) == ("tree", "ll") and set(row["candidates_us"]) == {"tree/ll"}
     bad = _model("--proto", "ll256")
     assert bad.returncode == 2 and "--proto: unknown protocol 'll256'" in bad.stderr
+
+
+def test_nccl_nvls_enable_zero_takes_nvls_out(monkeypatch):
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    assert estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo).algorithm == "nvls"
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    one_node = estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo)
+    two_nodes = estimate("AllReduce", 1 << 28, 4, list(range(16)), -1, -1, topo)
+    assert one_node.algorithm == "ring" and two_nodes.algorithm in ("ring", "tree")
+    assert not any(k.startswith("nvls") for k in one_node.candidates)
+    # with NCCL_ALGO too, NVLS stays out even when named
+    monkeypatch.setenv("NCCL_ALGO", "nvls,ring")
+    assert estimate("AllReduce", 1 << 28, 4, list(range(8)), -1, -1, topo).algorithm == "ring"
+
+
+def test_proxy_transport_per_message_cost_and_efficiency():
+    text = (CONFIGS / "dev-2node-2gpu.yaml").read_text()
+    assert "oversubscription: 1.5\n" in text
+    rdma = parse_cluster_config(text)
+    proxy = parse_cluster_config(text.replace("oversubscription: 1.5\n",
+                                              "oversubscription: 1.5\n    per_message_us: 500\n    efficiency: 0.46\n"))
+    assert proxy.inter_node.per_message_us == 500 and proxy.inter_node.efficiency == 0.46
+    ranks = [0, 1, 2, 3]
+    # small messages: the host's per-message cost dominates (at least one message per network step)
+    small_rdma = estimate("AllReduce", 256, 4, ranks, -1, -1, rdma)
+    small_proxy = estimate("AllReduce", 256, 4, ranks, -1, -1, proxy)
+    assert small_proxy.seconds > small_rdma.seconds + 500e-6
+    # large messages: the messages overlap the transfers; the lower efficiency sets the rate
+    big_rdma = estimate("AllReduce", 1 << 28, 4, ranks, -1, -1, rdma, ["ring"], ["simple"])
+    big_proxy = estimate("AllReduce", 1 << 28, 4, ranks, -1, -1, proxy, ["ring"], ["simple"])
+    assert big_proxy.bandwidth_s == pytest.approx(big_rdma.bandwidth_s * 0.92 / 0.46, rel=1e-6)
+    # point-to-point pays it once per message
+    p2p = estimate("SendRecv", 256, 4, [0, 2], 0, 1, proxy).seconds
+    assert p2p >= 500e-6
+    with pytest.raises(ValueError, match="efficiency"):
+        parse_cluster_config(text.replace("oversubscription: 1.5\n", "oversubscription: 1.5\n    efficiency: 1.5\n"))
+
+
+def test_nvls_tree_beyond_two_nodes_is_chosen_on_nccls_estimate_and_reaches_less():
+    """NCCL ranks NVLS-tree by the full rail rate at any node count; beyond two nodes the run
+    reaches NVLS_TREE_INTER_SCALE of it, so the model picks it but times it slower than ring."""
+    text = (CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml").read_text()
+    node1 = text[text.index("  - id: node1"):text.index("fabric:")]
+    more = node1.replace("node1", "node2").replace("dgx-h100-1", "dgx-h100-2")
+    more = more.replace("[8, 9, 10, 11, 12, 13, 14, 15]", "[16, 17, 18, 19, 20, 21, 22, 23]")
+    more += more.replace("node2", "node3").replace("dgx-h100-2", "dgx-h100-3").replace(
+        "[16, 17, 18, 19, 20, 21, 22, 23]", "[24, 25, 26, 27, 28, 29, 30, 31]")
+    topo = parse_cluster_config(text.replace("fabric:", more + "fabric:"))
+    e = estimate("AllReduce", 2 << 30, 4, list(range(32)), -1, -1, topo)
+    assert e.algorithm == "nvls_tree"
+    assert e.seconds > e.candidates["ring/simple"]
+
+
+def test_pcie_host_limit_is_shared_by_the_nodes_pcie_flows():
+    """`pcie_host_gbs`: what the host moves GPU-to-GPU over PCIe for all GPUs together. Four
+    cards stay under it, eight share it (NVIDIA/nccl issue 1639: 35 then 28 GB/s busbw)."""
+    def box(gpus: int, host: str = "") -> "object":
+        ranks = list(range(gpus))
+        return parse_cluster_config(
+            "version: 1\nnodes:\n"
+            f"  - {{id: n0, ranks: {ranks}, {host}gpus: [{', '.join(['{profile: rtx5090}'] * gpus)}]}}\n"
+            "fabric:\n  intra_node: {type: pcie, bandwidth_gbps: 512, latency_us: 5.7}\n")
+    S = 1 << 30
+    def busbw(topo, n):
+        return estimate("AllReduce", S // 4, 4, list(range(n)), -1, -1, topo).busbw_gbs
+    free4, free8 = busbw(box(4), 4), busbw(box(8), 8)
+    held4, held8 = busbw(box(4, "pcie_host_gbs: 280, "), 4), busbw(box(8, "pcie_host_gbs: 280, "), 8)
+    assert held4 == pytest.approx(free4)            # 4 x 43.75 GB/s fits under 280
+    assert held8 < 0.85 * free8                     # 8 x 43.75 does not
+    assert held8 == pytest.approx(280 * 0.80 / 8, rel=0.02)
+    with pytest.raises(ValueError, match="pcie_host_gbs"):
+        box(4, "pcie_host_gbs: -1, ")
+
+
+def test_pat_for_allgather_and_reducescatter_with_one_gpu_per_node():
+    nodes = "\n".join(f"  - {{id: n{i}, ranks: [{i}], gpus: [{{profile: h100}}]}}" for i in range(64))
+    topo = parse_cluster_config("version: 1\nnodes:\n" + nodes + "\nfabric:\n"
+                                "  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}\n"
+                                "  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}\n")
+    ranks = list(range(64))
+    for kind in ("AllGather", "ReduceScatter"):
+        e = estimate(kind, 1024, 4, ranks, -1, -1, topo)
+        assert (e.algorithm, e.protocol) == ("pat", "simple")
+        # log2(64) = 6 network steps against the ring's 63
+        assert e.candidates["pat/simple"] < e.candidates["ring/simple"] / 5
+        assert e.transfers == estimate(kind, 1024, 4, ranks, -1, -1, topo, ["ring"], ["simple"]).transfers
+        assert estimate(kind, 1024, 4, ranks, -1, -1, topo, ["ring"]).algorithm == "ring"
+    # several GPUs per node: no PAT, as in NCCL
+    h100 = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    assert not any(k.startswith("pat") for k in estimate("AllGather", 1024, 4, list(range(16)), -1, -1, h100).candidates)
+
+
+def test_a_gpu_drives_its_share_of_the_nodes_nics():
+    """16 x 100G NICs for 8 GPUs: a GPU's rail-bound traffic (send/recv) gets two NICs; with one
+    NIC per GPU, one."""
+    def two_nodes(nics: int):
+        nodes = "\n".join(f"  - {{id: n{i}, ranks: {list(range(8 * i, 8 * i + 8))}, nics: {nics}, "
+                          f"gpus: [{', '.join(['{profile: a100-80gb}'] * 8)}]}}" for i in range(2))
+        return parse_cluster_config("version: 1\nnodes:\n" + nodes + "\nfabric:\n"
+                                    "  intra_node: {type: nvlink, bandwidth_gbps: 2400, latency_us: 3}\n"
+                                    "  inter_node: {type: roce, bandwidth_gbps: 100, latency_us: 5}\n")
+    S = 1 << 30
+    one = estimate("SendRecv", S, 1, list(range(16)), 0, 8, two_nodes(8))
+    two = estimate("SendRecv", S, 1, list(range(16)), 0, 8, two_nodes(16))
+    assert one.algbw_gbs == pytest.approx(12.5 * 0.90, rel=0.01)
+    assert two.algbw_gbs == pytest.approx(2 * 12.5 * 0.90, rel=0.01)

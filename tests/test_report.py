@@ -140,8 +140,10 @@ def test_split_communicators(topo):
     # ring/Simple: two network steps with NCCL's base latency and multi-node plateau
     assert d["collectives"]["AllReduce"]["modeled_time_s"] == pytest.approx(
         LAUNCH + 1.9 * (8.4e-6 + 2 * 15e-6) + MiB / NIC)
+    ag = d["collectives"]["AllGather"]["modeled_time_s"]
     assert d["links"]["intra_node"]["per_node"] == [
-        {"node": "node0", "bytes": 2 * 4000, "transfers": 2, "operations": 1, "peak_operation_bytes": 8000}]
+        {"node": "node0", "bytes": 2 * 4000, "transfers": 2, "operations": 1, "peak_operation_bytes": 8000,
+         "modeled_time_s": ag}]
     comms = {c["id"]: c for c in d["communicators"]}
     assert comms[2]["members"] == [1, 2] and comms[2]["nodes"] == ["node0", "node1"]
     assert comms[2]["name"] == "pp_stage_1_2" and comms[2]["parent_id"] == 1 and comms[2]["size"] == 2

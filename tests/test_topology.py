@@ -71,6 +71,9 @@ def _error(tmp_path: Path, text: str) -> tuple[ClusterConfigError, Path]:
     ("tcp-2rank-rtxpro5000-rtx3090ti.yaml", 2, 2),
     ("heterogeneous-3node.yaml", 7, 3),
     ("dev-2node-2gpu.yaml", 4, 2),
+    ("gcp-a3mega-2node-8gpu-tcpxo.yaml", 16, 2),
+    ("rtx5090-1node-8gpu-pcie5.yaml", 8, 1),
+    ("h100pcie-1node-2gpu-nvlink-bridge.yaml", 2, 1),
 ])
 def test_bundled_configs_load(name, world, nodes):
     topo = load_cluster_config(CONFIGS / name)
@@ -80,7 +83,7 @@ def test_bundled_configs_load(name, world, nodes):
 
 
 def test_every_bundled_config_is_covered():
-    assert len(list(CONFIGS.glob("*.yaml"))) == 7
+    assert len(list(CONFIGS.glob("*.yaml"))) == 10
 
 
 def test_usage_doc_two_rank_tcp_example():

@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
 
 def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str,
-             bridges: str = "") -> str:
+             node_extra: str = "") -> str:
     lines = ["version: 1", f"cluster: {{name: {name}}}", "nodes:"]
     for i in range(nodes):
         ranks = list(range(i * gpus, (i + 1) * gpus))
-        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {bridges}"
+        lines.append(f"  - {{id: n{i}, host: h{i}, ranks: {ranks}, nics: {nics}, {node_extra}"
                      f"gpus: [{', '.join(['{profile: ' + profile + '}'] * gpus)}]}}")
     lines += ["fabric:", f"  intra_node: {intra}", f"  inter_node: {inter}"]
     return "\n".join(lines) + "\n"
@@ -29,8 +29,11 @@ NVLINK3 = "{type: nvlink, bandwidth_gbps: 2400, latency_us: 3}"
 PCIE4 = "{type: pcie, bandwidth_gbps: 256, latency_us: 5.7}"
 NDR = "{type: infiniband, bandwidth_gbps: 400, latency_us: 5}"
 HDR = "{type: infiniband, bandwidth_gbps: 200, latency_us: 5}"
+ROCE400 = "{type: roce, bandwidth_gbps: 400, latency_us: 5}"
+NVLINK4_H800 = "{type: nvlink, bandwidth_gbps: 1600, latency_us: 2.5}"
 
-# Clusters of the published results that no bundled config describes.
+# Clusters of the published results that no bundled config describes (GCP A3 Mega, the 8x RTX
+# 5090 box and the bridged H100 PCIe pair are bundled: cluster_configs/).
 _EXTRA = {
     # NVIDIA/nccl-tests issue 232: 2 nodes x 1 H100, four 400G NICs each
     "h100-2node-1gpu-4nic": _cluster("h100-2x1-4nic", 2, 1, "h100", NVLINK4, 4, NDR),
@@ -38,13 +41,17 @@ _EXTRA = {
     "h100-4node-8gpu-ib-8x400g": _cluster("h100-4x8-ndr", 4, 8, "h100", NVLINK4, 8, NDR),
     # NVIDIA/nccl issue 1048: 2 nodes x 8 A100, 4x 200G HDR per node
     "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
-    # NVIDIA/nccl-tests issue 194: two H100 PCIe cards (joined by an NVLink bridge)
-    "h100pcie-1node-2gpu": _cluster("h100pcie-1x2", 1, 2, "h100-pcie", PCIE4.replace("256", "512"), 1, NDR,
-                                    bridges="nvlink_bridges: [[0, 1]], "),
-    # NVIDIA/nccl issue 1639: 8x RTX 5090 on PCIe 5
-    "rtx5090-1node-8gpu-pcie5": _cluster("rtx5090-1x8", 1, 8, "rtx5090", PCIE4.replace("256", "512"), 1, NDR),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
+    # NVIDIA/nccl issue 1218: 32 nodes x 8 H100, eight 400G RoCE NICs each
+    "h100-32node-8gpu-roce-8x400g": _cluster("h100-32x8-roce", 32, 8, "h100", NVLINK4, 8, ROCE400),
+    # NVIDIA/nccl-tests issue 283: 248 nodes x 8 H200, eight 400G HCAs each
+    "h200-248node-8gpu-ib-8x400g": _cluster("h200-248x8-ndr", 248, 8, "h200", NVLINK4, 8, NDR),
+    # NVIDIA/nccl issue 1374: one node of 8 H800
+    "h800-1node-8gpu-nvlink": _cluster("h800-1x8", 1, 8, "h800", NVLINK4_H800, 1, NDR),
+    # NVIDIA/nccl-tests issue 153: 2 nodes x 8 H800, eight 100G CX-6 each
+    "h800-2node-8gpu-8x100g": _cluster("h800-2x8-100g", 2, 8, "h800", NVLINK4_H800, 8,
+                                       "{type: roce, bandwidth_gbps: 100, latency_us: 5}"),
 }
 
 
@@ -69,14 +76,14 @@ def rows(estimate=None) -> list[dict]:
             ranks = [r for node in topo.nodes[:int(rec["nodes"])] for r in node.ranks[:int(rec["gpus_per_node"])]]
             kind = OPS[rec["op"]]
             size = int(rec["size_bytes"])
-            algos = None
-            if rec["env"].startswith("NCCL_ALGO="):
-                algos = [a.lower() for a in rec["env"].split("=", 1)[1].split(",")]
+            # the row's NCCL environment ("NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0"), read as NCCL would
+            env = dict(item.split("=", 1) for item in rec["env"].split() if "=" in item)
+            algos, protos = costmodel.tuning_from_env(kind, env)
             per_rank = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
             count = size // 4 // per_rank
             peer = 1 if kind == "SendRecv" else -1   # sendrecv_perf with 2 GPUs: 0 -> 1
-            e = estimate(kind, count, 4, ranks, 0, peer, topo, algos) if algos else \
-                estimate(kind, count, 4, ranks, 0, peer, topo)
+            e = estimate(kind, count, 4, ranks, 0, peer, topo, algos or [a for a in costmodel.ALGORITHMS if a not in costmodel.NOT_NCCL],
+                         protos or costmodel.PROTOCOLS) if env else estimate(kind, count, 4, ranks, 0, peer, topo)
             busbw = costmodel.busbw_gbs(kind, size, e.seconds, len(ranks))
             published = (float(rec["busbw_gbs"]) if rec["busbw_gbs"] else
                          costmodel.busbw_gbs(kind, size, float(rec["time_us"]) * 1e-6, len(ranks)))
@@ -86,21 +93,26 @@ def rows(estimate=None) -> list[dict]:
     return out
 
 
-def summary(table: list[dict]) -> tuple[float, float]:
-    """(fraction of points within 20 %, median |error|)."""
-    errors = [abs(r["error"]) for r in table]
+def summary(table: list[dict], split: str = "") -> tuple[float, float]:
+    """(fraction of points within 20 %, median |error|), of the rows of ``split`` ("fit" or
+    "heldout"; all rows when empty)."""
+    errors = [abs(r["error"]) for r in table if not split or r.get("split", "fit") == split]
     return sum(e <= 0.20 for e in errors) / len(errors), statistics.median(errors)
 
 
 def main() -> int:
     table = rows()
-    print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error |")
-    print("|---|---|---|---|---|---|")
+    print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error | Split |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['hardware']} | {r['op']} | {int(r['size_bytes'])} | {r['published_busbw']:.3g} | {r['model_busbw']:.3g} | "
-              f"{r['algorithm']}/{r['protocol']} | {r['error']:+.0%} |")
+              f"{r['algorithm']}/{r['protocol']} | {r['error']:+.0%} | {r.get('split', 'fit')} |")
     within, median = summary(table)
     print(f"\n{len(table)} points: {within:.0%} within 20 %, median |error| {median:.1%}")
+    for split in ("fit", "heldout"):
+        part = [r for r in table if r.get("split", "fit") == split]
+        within, median = summary(part)
+        print(f"  {split}: {len(part)} points, {within:.0%} within 20 %, median |error| {median:.1%}")
     return 0
 
 

@@ -6,6 +6,7 @@ import sys
 from typing import Optional
 
 from fakegpu.report.check import ReportLoadError, check_report, load_report
+from fakegpu.report.groups import parallelism_groups
 from fakegpu.report.markdown import fmt_bytes, fmt_gbs, fmt_seconds
 
 
@@ -86,6 +87,7 @@ def summary_text(report: dict) -> str:
     for r in report["ranks"]:
         lines.append(f"{r['rank']:>4} {str(r['node']):<12}{r['collective_calls']:>6}{r['p2p_sends']:>6}{r['p2p_recvs']:>6}"
                      f"{fmt_seconds(r['wait_s']):>11}{r['timeouts']:>9}{fmt_seconds(r['modeled_busy_s']):>11}")
+    lines += [""] + groups_text(report)
     tl = report["timeline"]
     lines += ["", f"timeline: {tl['retained']} retained, {tl['dropped_operations']} dropped "
                   f"(limit {tl['max_operations']}); {len(report['communicators'])} communicator(s)"]
@@ -95,6 +97,37 @@ def summary_text(report: dict) -> str:
         lines.append("")
         lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines)
+
+
+INSTANCES_SHOWN = 8
+
+
+def groups_text(report: dict) -> list[str]:
+    """Per parallelism group (communicators by name, fakegpu/report/groups.py): the sum over
+    its instances, then each instance (the first INSTANCES_SHOWN)."""
+    groups = parallelism_groups(report)
+    if not groups:
+        return ["no communicators"]
+    lines = [f"{'group / instance':<28}{'ranks':>14}{'ops':>8}{'payload':>14}{'modeled':>12}"]
+    for g in groups:
+        sizes = ",".join(sorted({str(i["size"]) for i in g["instances"]}))
+        shape = f"{len(g['instances'])}x{sizes}"
+        lines.append(f"{g['name'][:27]:<28}{shape:>14}{g['operations']:>8}"
+                     f"{fmt_bytes(g['logical_bytes']):>14}{fmt_seconds(g['modeled_time_s']):>12}")
+        for inst in g["instances"][:INSTANCES_SHOWN]:
+            label = f"  #{inst['id']} {inst['name'] or ''}".rstrip()
+            lines.append(f"{label[:27]:<28}{_members(inst['members']):>14}{inst['operations']:>8}"
+                         f"{fmt_bytes(inst['logical_bytes']):>14}{fmt_seconds(inst['modeled_time_s']):>12}")
+        if len(g["instances"]) > INSTANCES_SHOWN:
+            lines.append(f"  ... {len(g['instances']) - INSTANCES_SHOWN} more instances in the JSON report")
+    return lines
+
+
+def _members(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}..{ranks[-1]}"
+    text = ",".join(map(str, ranks[:4]))
+    return text + (",..." if len(ranks) > 4 else "")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

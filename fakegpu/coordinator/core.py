@@ -1597,7 +1597,8 @@ class Core:
         global_ranks = comm.record.global_ranks
         for d, (started, rendezvous, execution), waits in records:
             call = {"started_at": started, "seq": d[D_MATCH_SEQ] - 1, "rendezvous_s": rendezvous,
-                    "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits))}
+                    "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits)),
+                    "arrived": {g: started + rendezvous - w for g, w in zip(global_ranks, waits)}}
             self._emit_collective(comm, d, DTYPES[d[D_DTYPE]], call)
 
     @staticmethod
@@ -1665,7 +1666,8 @@ class Core:
         call = comm.call
         if call is None or first[D_FLAGS] & _FIRST:
             call = comm.call = {"started_at": slot.first_wall, "seq": slot.seq - 1,
-                                "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0, "waits": {}}
+                                "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0, "waits": {},
+                                "arrived": {}, "frames": {}}
         last_arrival = max(s.arrived_at for s in steps)
         call["rendezvous_s"] += last_arrival - slot.first_at
         call["execution_s"] += t1 - t0
@@ -1673,6 +1675,9 @@ class Core:
         for s in steps:
             g = s.member.global_rank
             waits[g] = waits.get(g, 0.0) + (last_arrival - s.arrived_at)
+            if g not in call["arrived"]:
+                call["arrived"][g] = self._arrival_wall(s)
+                call["frames"][g] = (s.group.client.id, s.group.request_id)
             if not s.member.client.shm and not s.group.accounted:
                 call["socket_bytes"] += s.desc[D_IN_LEN] + s.desc[D_OUT_LEN]
         if first[D_FLAGS] & _LAST or not first[D_FLAGS] & (_FIRST | _LAST):
@@ -1695,13 +1700,16 @@ class Core:
         if call is None or sd[D_FLAGS] & _FIRST:
             call = comm.p2p_calls[key] = {"started_at": self.wall() - (t0 - send.arrived_at), "seq": q.matched - 1,
                                           "rendezvous_s": 0.0, "execution_s": 0.0, "socket_bytes": 0,
-                                          "waits": {}}
+                                          "waits": {}, "arrived": {}, "frames": {}}
         later = max(send.arrived_at, recv.arrived_at)
         call["rendezvous_s"] += abs(send.arrived_at - recv.arrived_at)
         call["execution_s"] += t1 - t0
         for s in (send, recv):
             g = s.member.global_rank
             call["waits"][g] = call["waits"].get(g, 0.0) + (later - s.arrived_at)
+            if g not in call["arrived"]:
+                call["arrived"][g] = self._arrival_wall(s)
+                call["frames"][g] = (s.group.client.id, s.group.request_id)
         if not send.member.client.shm and send.payload is None and not send.group.accounted:
             call["socket_bytes"] += sd[D_IN_LEN]
         if not recv.member.client.shm and not recv.group.accounted:
@@ -1720,7 +1728,8 @@ class Core:
         dt = DTYPES.get(d[D_DTYPE]) or DTYPES[0]
         kind = d[D_KIND] if d[D_KIND] in P.KIND_NAMES else P.KIND_ALLREDUCE
         call = {"started_at": started, "seq": seq - 1, "rendezvous_s": 0.0, "execution_s": 0.0,
-                "socket_bytes": 0, "waits": {}}
+                "socket_bytes": 0, "waits": {},
+                "arrived": {s.member.global_rank: self._arrival_wall(s) for s in steps}}
         self._emit(comm, P.KIND_NAMES.get(kind, str(kind)), dt,
                    d[D_REDOP] if kind in P.REDUCING_KINDS else None, d[D_TOTAL],
                    d[D_ROOT] if kind in P.ROOTED_KINDS else -1, -1,
@@ -1749,7 +1758,8 @@ class Core:
                 elem_size=dt.size, root=root, peer=peer, ranks=tuple(ranks), logical_bytes=nbytes,
                 socket_bytes=call["socket_bytes"], seq=call["seq"], started_at=call["started_at"],
                 rendezvous_s=call["rendezvous_s"], execution_s=call["execution_s"],
-                arrival_wait_s=dict(call["waits"]), status=status, error=error))
+                arrival_wait_s=dict(call["waits"]), status=status, error=error,
+                arrived_at=dict(call.get("arrived", {})), frames=dict(call.get("frames", {}))))
         except Exception:  # the report must never break the data path
             log.exception("recorder failed on op_completed")
 

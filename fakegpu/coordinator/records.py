@@ -52,6 +52,12 @@ class OpRecord:
     arrival_wait_s: dict[int, float] = field(default_factory=dict)  # global rank -> wait
     status: str = "ok"        # "ok" | "mismatch" | "timeout" | "peer_failed" | "error"
     error: str = ""
+    # global rank -> epoch seconds of its first arrival at the call: a rank's calls are
+    # sequential, so these give its program order (the modeled timeline, fakegpu/report/schedule.py)
+    arrived_at: dict[int, float] = field(default_factory=dict)
+    # global rank -> (client id, request id) of the GROUP frame that carried its part: calls one
+    # rank made in one ncclGroupStart/End run together, as one launch (the modeled timeline)
+    frames: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class Recorder(Protocol):

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from fakegpu import __version__
 from fakegpu import costmodel
 from fakegpu.coordinator.records import ClientRecord, CommRecord, OpRecord
+from fakegpu.report.schedule import ModeledSchedule
 from fakegpu.topology import Topology
 from fakegpu.topology.model import rank_ranges
 
@@ -179,6 +180,7 @@ class ClusterReport:
         self._pairs: dict[tuple[int, int], _PairStats] = {}
         self._comms: dict[int, _CommStats] = {}
         self._timeline: list[dict] = []
+        self._schedule = ModeledSchedule()
         self._dropped = 0
         self._status = Counter()
         self._unattributed: list[str] = []
@@ -306,8 +308,6 @@ class ClusterReport:
             comm = self._comms[op.comm.comm_id] = _CommStats(op.comm)
         stats = self._p2p if kind == "SendRecv" else self._kinds.setdefault(kind, _KindStats())
         seconds = est.seconds if est is not None else 0.0
-        # Modeled timeline: an operation starts when its last participant is free.
-        start = max(r.modeled_clock_s for r in ranks) if ranks else 0.0
         waits = op.arrival_wait_s
         collective_ok = ok and pair is None
         for r in ranks:
@@ -319,7 +319,6 @@ class ClusterReport:
                 r.errors += 1
             if collective_ok:
                 r.collective_calls += 1
-            r.modeled_clock_s = start + seconds
             r.modeled_busy_s += seconds
         if not ok:
             stats.errors += 1
@@ -354,10 +353,18 @@ class ClusterReport:
                     self._p2p_inter += 1
             self._attribute(kind, est)
 
+        entry = None
         if len(self._timeline) < self.max_operations:
-            self._timeline.append(self._timeline_entry(op, kind, participants, pair, est, start))
+            entry = self._timeline_entry(op, kind, participants, pair, est)
+            self._timeline.append(entry)
         else:
             self._dropped += 1
+        # Modeled timeline: placed in each rank's program order (fakegpu/report/schedule.py).
+        roles = {pair[0]: "send", pair[1]: "recv"} if pair is not None and pair[0] != pair[1] else None
+        # tiebreak (seq first): records without arrival times (fake worlds) number their
+        # operations in program order
+        self._schedule.add(participants, seconds, _arrivals(op), (op.seq, op.comm.comm_id), entry,
+                           frames=op.frames, roles=roles)
 
     def _attribute(self, kind: str, est: costmodel.Estimate) -> None:
         att = self._attributions.get(id(est))
@@ -392,7 +399,7 @@ class ClusterReport:
             slot["transfers"] += transfers
 
     def _timeline_entry(self, op: OpRecord, kind: str, participants: list[int],
-                        pair: Optional[tuple[int, int]], est: Optional[costmodel.Estimate], start: float) -> dict:
+                        pair: Optional[tuple[int, int]], est: Optional[costmodel.Estimate]) -> dict:
         members = op.comm.global_ranks
         return {
             "seq": op.seq,
@@ -416,7 +423,7 @@ class ClusterReport:
             "execution_s": op.execution_s,
             "algorithm": est.algorithm if est else None,
             "modeled_s": est.seconds if est else 0.0,
-            "modeled_start_s": start,
+            "modeled_start_s": 0.0,   # set by the schedule
             "intra_node_bytes": est.intra_node_bytes if est else 0,
             "inter_node_bytes": est.inter_node_bytes if est else 0,
         }
@@ -428,6 +435,10 @@ class ClusterReport:
 
     def _build(self) -> dict:
         topo = self.topology
+        for g, end in self._schedule.clocks().items():
+            self._rank(g).modeled_clock_s = end
+        # program order on the modeled timeline, whatever order the operations were reported in
+        self._timeline.sort(key=lambda e: (e["modeled_start_s"], e["comm_id"], e["seq"]))
         nodes = topo.nodes
         kinds = {k: s.to_dict() for k, s in sorted(self._kinds.items())}
         p2p = self._p2p
@@ -465,6 +476,7 @@ class ClusterReport:
                         "transfers": s.transfers,
                         "operations": s.operations,
                         "peak_operation_bytes": s.peak_operation_bytes,
+                        "modeled_time_s": s.modeled_time_s,
                     }
                     for i, s in sorted(self._per_node_intra.items())
                 ]
@@ -619,6 +631,17 @@ class ClusterReport:
         from .writer import write_report_files
 
         return write_report_files(self.to_dict(), json_path, markdown_path, trace_path)
+
+
+def _arrivals(op: OpRecord) -> dict[int, float]:
+    """Each participant's arrival wall time: the record's own, else what its waits imply (the
+    last arrival, started_at + rendezvous_s, minus the rank's wait), else started_at."""
+    if op.arrived_at:
+        return dict(op.arrived_at)
+    last = op.started_at + op.rendezvous_s
+    if op.arrival_wait_s:
+        return {g: last - w for g, w in op.arrival_wait_s.items()}
+    return {g: op.started_at for g in op.comm.global_ranks}
 
 
 def _jsonable(value: Any) -> Any:

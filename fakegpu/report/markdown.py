@@ -4,6 +4,8 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Iterable, Sequence
 
+from fakegpu.report.groups import parallelism_groups
+
 TOP_COMMUNICATORS = 10
 TOP_OPERATIONS = 10
 
@@ -91,15 +93,26 @@ def render_markdown(report: dict) -> str:
           p2p["inter_node_operations"], fmt_seconds(p2p["modeled_time_s"]), fmt_gbs(p2p["modeled_avg_throughput_gbs"]))],
     )
 
+    lines += ["", "## Links", "",
+              "Modeled time is the summed modeled time of the operations that used the link.", ""]
+    lines += table(
+        ("Link", "Fabric", "Bytes", "Transfers", "Ops", "Peak per op", "Modeled time", "Modeled avg GB/s"),
+        ((scope.replace("_", "-"), f"{link['fabric_type']}, {link['bandwidth_gbps']:g} Gb/s", fmt_bytes(link["bytes"]),
+          link["transfers"], link["operations"], fmt_bytes(link["peak_operation_bytes"]),
+          fmt_seconds(link["modeled_time_s"]), fmt_gbs(link["modeled_avg_throughput_gbs"]))
+         for scope, link in (("intra_node", intra), ("inter_node", inter))),
+    )
+
     lines += ["", "## Node pairs", ""]
     if report["node_pairs"]:
         lines += table(
-            ("Pair", "Direction bytes", "Total", "Transfers", "Ops", "Peak per op", "Modeled avg GB/s",
+            ("Pair", "Direction bytes", "Total", "Transfers", "Ops", "Peak per op", "Modeled time", "Modeled avg GB/s",
              "Modeled peak GB/s", "By operation"),
             (
                 (" <-> ".join(p["nodes"]),
                  "; ".join(f"{d}: {fmt_bytes(b)}" for d, b in p["directions"].items()),
                  fmt_bytes(p["total_bytes"]), p["transfers"], p["operations"], fmt_bytes(p["peak_operation_bytes"]),
+                 fmt_seconds(p["modeled_time_s"]),
                  fmt_gbs(p["modeled_avg_throughput_gbs"]), fmt_gbs(p["modeled_peak_throughput_gbs"]),
                  ", ".join(f"{k} {v['operations']}x/{fmt_bytes(v['bytes'])}" for k, v in p["by_operation"].items()))
                 for p in report["node_pairs"]
@@ -109,9 +122,11 @@ def render_markdown(report: dict) -> str:
         lines.append("No traffic crossed between nodes.")
     if intra["per_node"]:
         lines += ["", "Inside each node:", ""]
-        lines += table(("Node", "Bytes", "Transfers", "Ops", "Peak per op"),
+        lines += table(("Node", "Bytes", "Transfers", "Ops", "Peak per op", "Modeled time"),
                        ((n["node"], fmt_bytes(n["bytes"]), n["transfers"], n["operations"],
-                         fmt_bytes(n["peak_operation_bytes"])) for n in intra["per_node"]))
+                         fmt_bytes(n["peak_operation_bytes"]),
+                         fmt_seconds(n["modeled_time_s"]) if "modeled_time_s" in n else "-")
+                        for n in intra["per_node"]))
 
     lines += ["", "## Ranks", ""]
     lines += table(
@@ -126,6 +141,22 @@ def render_markdown(report: dict) -> str:
             for r in report["ranks"]
         ),
     )
+
+    lines += ["", "## Parallelism groups", "",
+              "Communicators gathered by name (one per mesh dimension; its instances summed).", ""]
+    groups = parallelism_groups(report)
+    if groups:
+        lines += table(
+            ("Group", "Instances", "Ranks per instance", "Ops", "Payload", "Modeled time (sum)",
+             "Largest instance", "By kind"),
+            ((g["name"], len(g["instances"]), ", ".join(sorted({str(i["size"]) for i in g["instances"]})),
+              g["operations"], fmt_bytes(g["logical_bytes"]), fmt_seconds(g["modeled_time_s"]),
+              fmt_seconds(g["max_instance_modeled_time_s"]),
+              ", ".join(f"{k} {v}" for k, v in sorted(g["by_kind"].items())))
+             for g in groups),
+        )
+    else:
+        lines.append("No communicators were created.")
 
     lines += ["", "## Communicators", ""]
     comms = sorted(report["communicators"], key=lambda c: (-c["modeled_time_s"], c["id"]))

@@ -26,6 +26,9 @@ _FABRIC = _obj({
     "bandwidth_gbps": {"type": "number", "exclusiveMinimum": 0},
     "latency_us": _NUM,
     "oversubscription": {"type": "number", "minimum": 1},
+}, {
+    "per_message_us": _NUM,
+    "efficiency": {"type": ["number", "null"]},
 })
 
 _TOPOLOGY = _obj({
@@ -43,7 +46,7 @@ _TOPOLOGY = _obj({
         "gpus": {"type": "array", "items": {"type": "string"}},
         "nics": {"type": "integer", "minimum": 1},
         "nic_bandwidth_gbps": {"type": "number", "exclusiveMinimum": 0},
-    })},
+    }, {"pcie_host_gbs": {"type": ["number", "null"]}})},
     "fabric": _obj({"intra_node": _FABRIC, "inter_node": _FABRIC}),
 })
 
@@ -166,7 +169,7 @@ REPORT_SCHEMA = {
                 "transfers": _INT,
                 "operations": _INT,
                 "peak_operation_bytes": _INT,
-            })}}),
+            }, {"modeled_time_s": _NUM})}}),
             "inter_node": _obj(_LINK_COMMON),
         }),
         "node_pairs": {"type": "array", "items": _obj({

@@ -401,6 +401,8 @@ def _fabric(spec: dict) -> Fabric:
         bandwidth_gbps=float(spec["bandwidth_gbps"]),
         latency_us=float(spec["latency_us"]),
         oversubscription=float(spec.get("oversubscription", 1.0)),
+        per_message_us=float(spec.get("per_message_us", 0.0)),
+        efficiency=float(spec["efficiency"]) if "efficiency" in spec else None,
     )
 
 
@@ -414,6 +416,7 @@ def _to_topology(data: dict, source: str) -> Topology:
             nics=int(n.get("nics", 1)),
             nic_bandwidth_gbps=float(n["nic_bandwidth_gbps"]) if "nic_bandwidth_gbps" in n else None,
             nvlink_bridges=tuple(tuple(sorted(p)) for p in n.get("nvlink_bridges", [])),
+            pcie_host_gbs=float(n["pcie_host_gbs"]) if "pcie_host_gbs" in n else None,
         )
         for n in data["nodes"]
     )

@@ -21,6 +21,12 @@ class Fabric:
     bandwidth_gbps: float       # Gbit/s per direction (per NIC for the inter-node fabric)
     latency_us: float
     oversubscription: float = 1.0
+    # A proxy-driven transport (AWS EFA, GCP GPUDirect-TCPX/TCPXO) pays a host-side cost on every
+    # message it moves, whatever the protocol: added to each network step (docs/cost-model.md).
+    per_message_us: float = 0.0
+    # Fraction of line rate NCCL reaches over this fabric; None: the type's default
+    # (costmodel.EFFICIENCY). Proxy transports reach much less than RDMA NICs.
+    efficiency: Optional[float] = None
 
     def to_dict(self) -> dict:
         return {
@@ -28,6 +34,8 @@ class Fabric:
             "bandwidth_gbps": self.bandwidth_gbps,
             "latency_us": self.latency_us,
             "oversubscription": self.oversubscription,
+            "per_message_us": self.per_message_us,
+            "efficiency": self.efficiency,
         }
 
 
@@ -40,6 +48,9 @@ class Node:
     nics: int = 1                           # network adapters (rails) on this node
     nic_bandwidth_gbps: Optional[float] = None   # overrides fabric.inter_node.bandwidth_gbps
     nvlink_bridges: tuple[tuple[int, int], ...] = ()   # GPU slot pairs joined by an NVLink bridge
+    # GB/s per direction that the host (root complexes, the link between CPU sockets, memory) moves
+    # GPU-to-GPU over PCIe for all the node's GPUs together; None: no limit beyond each card's
+    pcie_host_gbs: Optional[float] = None
 
     def to_dict(self, inter: Fabric) -> dict:
         return {
@@ -49,6 +60,7 @@ class Node:
             "gpus": [g.name for g in self.gpus],
             "nics": self.nics,
             "nic_bandwidth_gbps": self.nic_bandwidth_gbps or inter.bandwidth_gbps,
+            "pcie_host_gbs": self.pcie_host_gbs,
         }
 
 

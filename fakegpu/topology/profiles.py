@@ -54,6 +54,8 @@ _CATALOGUE = [
     # 600 GB/s both ways, and nccl-tests reaches 116 GB/s busbw over it (NVIDIA/nccl-tests issue
     # 194), so the effective per-direction rate is 141 GB/s at NVLink's 0.82 efficiency.
     GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, None, 64.0, nvlink_bridge_gbs=141.0),
+    # The export H800 keeps NVLink4's switch and NVLS but 8 of its 18 links: 400 GB/s both ways.
+    GpuProfile("h800", "NVIDIA H800 SXM5 80GB (NVLink4, 200 GB/s per direction)", 80, 200.0, 64.0, nvls=True),
     GpuProfile("h200", "NVIDIA H200 SXM 141GB (NVLink4)", 141, 450.0, 64.0, nvls=True),
     GpuProfile("b200", "NVIDIA B200 192GB (NVLink5)", 192, 900.0, 64.0, nvls=True),
     GpuProfile("l40s", "NVIDIA L40S 48GB (PCIe only)", 48, None, 32.0),

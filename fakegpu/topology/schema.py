@@ -14,6 +14,8 @@ _FABRIC = {
         "bandwidth_gbps": _POSITIVE,
         "latency_us": {"type": "number", "minimum": 0},
         "oversubscription": {"type": "number", "minimum": 1},
+        "per_message_us": {"type": "number", "minimum": 0},
+        "efficiency": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     },
 }
 
@@ -66,6 +68,8 @@ CLUSTER_CONFIG_SCHEMA = {
                                   "items": {"type": "integer", "minimum": 0}},
                     },
                     "nic_bandwidth_gbps": _POSITIVE,
+                    # GB/s per direction the host moves GPU-to-GPU over PCIe, all GPUs together
+                    "pcie_host_gbs": _POSITIVE,
                 },
             },
         },

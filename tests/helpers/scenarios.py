@@ -581,3 +581,35 @@ def missing_rank(ctx: RankContext, absent: int = 1, hold_s: float = 5.0) -> dict
     elapsed = time.monotonic() - start
     comm.abort()
     return {"error": error, "seconds": elapsed}
+
+
+@scenario
+def barrier_timeline(ctx: RankContext, rounds: int = 2, jitter_s: float = 0.02) -> dict:
+    """A program whose modeled timeline must not depend on arrival order: pairs {0, 1}, {2, 3}
+    each allreduce on their own communicator (the first pair a much larger payload), then a world
+    barrier, a world allreduce and a grouped exchange with the partner rank. Every rank sleeps a
+    random moment before each call, so the order in which calls reach the coordinator (and in
+    which arenas report theirs) differs from run to run."""
+    import random
+
+    rng = random.Random()   # seeded from the OS: a different interleaving every run
+    pair = ctx.comm.split(ctx.rank // 2, ctx.rank, name=f"pair-{ctx.rank // 2}")
+    partner = ctx.rank ^ 1
+    for _ in range(rounds):
+        count = 1 << 20 if ctx.rank < 2 else 1 << 10
+        buf = np.ones(count, dtype=np.float32)
+        time.sleep(rng.random() * jitter_s)
+        pair.all_reduce(buf, buf, count, DataType.float32, RedOp.sum)
+        time.sleep(rng.random() * jitter_s)
+        ctx.barrier()
+        world = np.ones(1 << 16, dtype=np.float32)
+        time.sleep(rng.random() * jitter_s)
+        ctx.comm.all_reduce(world, world, world.size, DataType.float32, RedOp.sum)
+        mine = np.full(4096, ctx.rank, dtype=np.float32)
+        theirs = np.zeros(4096, dtype=np.float32)
+        time.sleep(rng.random() * jitter_s)
+        with ctx.nccl.group():
+            ctx.comm.send(mine, mine.size, DataType.float32, partner)
+            ctx.comm.recv(theirs, theirs.size, DataType.float32, partner)
+    pair.destroy()
+    return {"partner_value": float(theirs[0])}
