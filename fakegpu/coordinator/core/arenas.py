@@ -1,0 +1,166 @@
+"""Host-local arenas: ARENA requests granted or refused, arena files closed, LOCAL_OPS records checked
+and accounted.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Optional
+
+from fakegpu import protocol as P
+from fakegpu.coordinator import arena as A, shm as SHM
+from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.coordinator.matching import D_DTYPE, D_FLAGS, D_HANDLE, D_KIND, D_MATCH_SEQ, D_REDOP, D_ROOT
+from fakegpu.coordinator.registry import Client, Comm
+
+from .common import (_ARENA_INFO_FIXED, _EMPTY_STR, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
+                     _OPDESC_UNPACK, _U64, frame_bytes, log)
+
+
+class ArenasMixin:
+    """The Core's arenas (mixed into fakegpu.coordinator.core.Core)."""
+
+    def _arena_refusal(self, comm: Comm) -> Optional[str]:
+        """Why this communicator cannot have an arena, or None. Only communicator-level facts,
+        so every member gets the same answer."""
+        if not self.local_collectives:
+            return "local collectives are switched off on the coordinator (FAKEGPU_LOCAL_COLLECTIVES=0)"
+        if comm.nranks < 2:
+            return f"the communicator has {comm.nranks} rank; local collectives need at least 2"
+        if self.faults:
+            return "a fault plan is loaded (FAKEGPU_FAULTS or the cluster config's faults); every call goes " \
+                   "through the coordinator so the faults can hit it"
+        if comm.gone_ranks:
+            return f"rank {next(iter(comm.gone_ranks))} of the communicator is gone"
+        seen: dict = {}
+        for m in comm.members:
+            c = m.client
+            if not c.hello.flags & P.HELLO_FLAG_LOCAL:
+                return f"rank {m.rank} ({c.describe()}) did not offer local collectives in HELLO"
+            if not c.shm:
+                return f"rank {m.rank} ({c.describe()}) has no shared-memory staging with the coordinator"
+            if c.id in seen:
+                return (f"ranks {seen[c.id]} and {m.rank} are in one process ({c.describe()}); an arena needs "
+                        "one rank per process")
+            seen[c.id] = m.rank
+        return None
+
+    def _arena(self, client: Client, frame: P.Frame) -> None:
+        """ARENA: the communicator's arena, created by the first request of any member."""
+        if len(frame.body) != 8:
+            raise P.ProtocolError(f"ARENA body is {len(frame.body)} bytes, expected 8")
+        (handle,) = _U64.unpack(frame.body)
+        member = self._own_member(client, handle, "ARENA", frame.request_id)
+        if member is None:
+            return
+        comm = member.comm
+        if comm.arena is None and comm.arena_refusal is None:
+            refusal = self._arena_refusal(comm)
+            if refusal is None:
+                slot = A.slot_bytes_for(comm.nranks, min(m.client.S for m in comm.members), self.local_slot_bytes)
+                try:
+                    comm.arena = self.arena_factory(comm.id, comm.nranks, slot)
+                except OSError as exc:
+                    # Decided once for the communicator, so this is its only line.
+                    size = SHM.describe_bytes(A.total_bytes(comm.nranks, slot))
+                    refusal = (f"cannot allocate its {size} arena in /dev/shm ({exc.strerror or exc}); "
+                               "its collectives go through the coordinator")
+                    log.warning("%s: %s", comm.label(), refusal)
+                else:
+                    self.arenas[comm.id] = comm.arena
+                    self.n_arenas += 1
+                    comm.arena.set_pending(len(comm.slots))   # calls may already wait here
+                    log.debug("%s: arena %s, %d-byte slots", comm.label(), comm.arena.path, slot)
+            comm.arena_refusal = refusal
+        arena = comm.arena
+        if arena is not None:
+            body = (_ARENA_INFO_FIXED.pack(1, member.rank, arena.slot_bytes, arena.total_bytes)
+                    + P.encode_str(arena.path) + _EMPTY_STR)
+        else:
+            body = (_ARENA_INFO_FIXED.pack(0, member.rank, 0, 0) + _EMPTY_STR
+                    + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
+        self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
+
+    def close_arenas(self) -> bool:
+        """Stopping: raise ``closing`` in every arena; True when there was one (the caller then
+        keeps reading LOCAL_OPS for a moment before it writes the reports)."""
+        for arena in self.arenas.values():
+            arena.set_closing()
+        return bool(self.arenas)
+
+    def _close_arena(self, comm_id: int) -> None:
+        arena = self.arenas.pop(comm_id, None)
+        if arena is not None:
+            arena.close()
+
+    def _local_ops(self, client: Client, frame: P.Frame) -> None:
+        """LOCAL_OPS: comm rank 0's report of calls the ranks ran in their arena. Each is
+        recorded like a collective matched here. Never answered; anything malformed is a
+        protocol error (the connection closes)."""
+        body = frame.body
+        if len(body) < _LOCAL_OPS_FIXED.size:
+            raise P.ProtocolError(f"LOCAL_OPS body of {len(body)} bytes is shorter than its 16-byte prefix")
+        handle, n_records, nranks = _LOCAL_OPS_FIXED.unpack_from(body, 0)
+        record_len = P.LOCAL_RECORD_FIXED + 8 * nranks
+        if len(body) != _LOCAL_OPS_FIXED.size + n_records * record_len:
+            raise P.ProtocolError(f"LOCAL_OPS declares {n_records} records of {nranks} ranks "
+                                  f"({n_records * record_len} bytes) but its body holds {len(body) - 16}")
+        member = self.handles.get(handle)
+        if member is None or member.client is not client:
+            if self._freed.get(handle) is client:
+                # Sent before this process freed the communicator, which then went: nothing to add to.
+                log.debug("LOCAL_OPS for freed handle %#x dropped (%d records)", handle, n_records)
+                return
+            raise P.ProtocolError(f"LOCAL_OPS: handle {handle:#x} is not a communicator of this process")
+        comm = member.comm
+        if member.rank != 0:
+            raise P.ProtocolError(f"LOCAL_OPS from rank {member.rank} of {comm.label()}; only rank 0 sends it")
+        if nranks != comm.nranks:
+            raise P.ProtocolError(f"LOCAL_OPS for {comm.label()} says nranks {nranks}")
+        if comm.arena is None:
+            raise P.ProtocolError(f"LOCAL_OPS for {comm.label()}, which has no arena")
+        waits_st = struct.Struct(f"<{nranks}d")
+        records = []
+        pos = _LOCAL_OPS_FIXED.size
+        for i in range(n_records):
+            d = _OPDESC_UNPACK(body, pos)
+            times = _LOCAL_TIMES.unpack_from(body, pos + P.OPDESC_SIZE)
+            waits = waits_st.unpack_from(body, pos + P.LOCAL_RECORD_FIXED)
+            pos += record_len
+            problem = self._local_record_problem(d, times, waits, handle, comm)
+            if problem:
+                raise P.ProtocolError(f"LOCAL_OPS record {i} for {comm.label()}: {problem}")
+            records.append((d, times, waits))
+        self.n_ops += n_records
+        self.n_local_ops += n_records
+        comm.local_records += n_records
+        if not self.recording:
+            return
+        global_ranks = comm.record.global_ranks
+        for d, (started, rendezvous, execution), waits in records:
+            call = {"started_at": started, "seq": d[D_MATCH_SEQ] - 1, "rendezvous_s": rendezvous,
+                    "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits)),
+                    "arrived": {g: started + rendezvous - w for g, w in zip(global_ranks, waits)}}
+            self._emit_collective(comm, d, DTYPES[d[D_DTYPE]], call)
+
+    @staticmethod
+    def _local_record_problem(d: tuple, times: tuple, waits: tuple, handle: int, comm: Comm) -> Optional[str]:
+        kind = d[D_KIND]
+        if kind not in _LOCAL_KINDS:
+            return f"kind {P.KIND_NAMES.get(kind, kind)} is not run in an arena"
+        if d[D_HANDLE] != handle:
+            return f"its OpDesc names handle {d[D_HANDLE]:#x}, the frame {handle:#x}"
+        if d[D_DTYPE] not in DTYPES:
+            return f"unknown datatype {d[D_DTYPE]}"
+        if d[D_MATCH_SEQ] == 0 or d[D_FLAGS] & P.OP_FLAG_REJECTED:
+            return "match_seq 0 or a rejected call (an arena runs only whole, valid calls)"
+        if kind in P.REDUCING_KINDS and d[D_REDOP] not in P.REDOP_NAMES:
+            return f"unknown reduction operator {d[D_REDOP]}"
+        if kind in P.ROOTED_KINDS and not 0 <= d[D_ROOT] < comm.nranks:
+            return f"root {d[D_ROOT]} is not a rank of the communicator"
+        started, rendezvous, execution = times
+        if not (math.isfinite(started) and 0 <= rendezvous < 1e9 and 0 <= execution < 1e9
+                and all(0 <= w < 1e9 for w in waits)):
+            return f"times out of range (started_at {started}, rendezvous {rendezvous} s, " \
+                   f"execution {execution} s, arrival waits {list(waits)})"
+        return None

@@ -1,0 +1,116 @@
+"""Constants and small helpers every part of the Core uses."""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from typing import Optional
+
+import numpy as np
+
+from fakegpu import protocol as P
+
+
+log = logging.getLogger("fakegpu.coordinator")
+
+SEND, CLOSE, SHUTDOWN = 0, 1, 2
+
+DEFAULT_STAGING_BYTES = 32 << 20
+
+MAX_STAGING_BYTES = 256 << 20
+
+MIN_STAGING_BYTES = 4096
+
+# Collectives touching at least this many staging bytes run through ``Core.offload`` (the
+# server's worker thread) when one is set; smaller ones inline, where a thread hop would cost
+# more than the work.
+OFFLOAD_MIN_BYTES = 4 << 20
+
+_HDR = P.HEADER
+
+_U32 = struct.Struct("<I")
+
+_U32I32 = struct.Struct("<Ii")
+
+_OPDESC_UNPACK = P.OPDESC_STRUCT.unpack_from
+
+_OPDESC_SIZE = P.OPDESC_SIZE
+
+# Failed calls kept per communicator (or Send/Recv pair) until every member is past them; a
+# member that never moves on cannot make the coordinator keep more than this many.
+_MAX_FAILED_CALLS = 1024
+
+_NO_PAYLOAD = np.empty(0, dtype=np.uint8)
+
+_MAX_SPLIT_GROUPS = 4096   # groups of one connection in several frames at once (one per thread)
+
+_OPDESC_ITER = P.OPDESC_STRUCT.iter_unpack
+
+_GROUP_PREFIX = struct.Struct("<II")
+
+_COMM_INFO_FIXED = struct.Struct("<Qii")
+
+_EMPTY_STR = b"\0\0"
+
+_DONE_ONE_OK = struct.pack("<Ii", 1, 0) + _EMPTY_STR
+
+_U64 = struct.Struct("<Q")
+
+_LOCAL_OPS_FIXED = struct.Struct("<QII")
+
+_LOCAL_TIMES = struct.Struct("<ddd")
+
+_ARENA_INFO_FIXED = struct.Struct("<IIQQ")
+
+_LOCAL_KINDS = P.LOCAL_KINDS
+
+_FIRST = P.OP_FLAG_FIRST_STEP
+
+_LAST = P.OP_FLAG_LAST_STEP
+
+_SEND_KIND = P.KIND_SEND
+
+_RECV_KIND = P.KIND_RECV
+
+_PREMUL = P.REDOP_PREMULSUM
+
+_STATUS_BY_RESULT = {P.NCCL_INVALID_USAGE: "mismatch", P.NCCL_INVALID_ARGUMENT: "error",
+                     P.NCCL_TIMEOUT: "timeout", P.NCCL_REMOTE_ERROR: "peer_failed"}
+
+def _reported_code(default_code: int, codes: Optional[dict]) -> int:
+    """The result a failed call is reported with: ncclInvalidArgument when some rank passed a bad
+    argument (the others got ncclInvalidUsage), else the call's result."""
+    return P.NCCL_INVALID_ARGUMENT if codes and P.NCCL_INVALID_ARGUMENT in codes.values() else default_code
+
+def frame_bytes(msg_type: int, request_id: int, body: bytes) -> bytes:
+    return _HDR.pack(P.MAGIC, P.VERSION, msg_type, request_id, len(body)) + body
+
+def error_frame(request_id: int, result: int, message: str) -> bytes:
+    return frame_bytes(P.ERROR, request_id, struct.pack("<i", result) + P.encode_str(message, truncate=True))
+
+def default_staging_factory(hello, staging_bytes: int):
+    """Socket staging: a per-connection buffer. np.zeros is lazily backed by the OS, so
+    untouched parts of the regions cost no memory."""
+    return np.zeros(2 * staging_bytes, dtype=np.uint8), False
+
+def _env_local_collectives() -> bool:
+    """FAKEGPU_LOCAL_COLLECTIVES, read like the shim does: unset or empty = on."""
+    from fakegpu.env import parse_bool
+    text = os.environ.get("FAKEGPU_LOCAL_COLLECTIVES", "")
+    return not text.strip() or parse_bool(text, "FAKEGPU_LOCAL_COLLECTIVES")
+
+def _env_local_slot_bytes() -> Optional[int]:
+    from fakegpu.env import parse_size
+    text = os.environ.get("FAKEGPU_LOCAL_SLOT_BYTES", "")
+    return parse_size(text, "FAKEGPU_LOCAL_SLOT_BYTES") if text.strip() else None
+
+def logical_bytes(kind: int, count: int, size: int, n: int) -> int:
+    """Payload size in the nccl-tests sense (docs/cost-model.md, "nccl-tests conventions")."""
+    return count * size * (n if P.per_member_blocks(kind) else 1)
+
+def _version() -> str:
+    try:
+        from fakegpu import __version__
+        return __version__
+    except Exception:  # pragma: no cover
+        return "unknown"
