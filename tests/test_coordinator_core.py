@@ -53,6 +53,7 @@ class Harness:
         self.inbox: dict = {}
         self.closed: dict = {}
         self.shutdown = []
+        self.killed = []      # (conn, pid) of the KILL actions, in order
         self._rid = 100
 
     def _apply(self, actions):
@@ -63,6 +64,9 @@ class Harness:
                     self.inbox.setdefault(conn, []).append((f.request_id, P.decode_body(f.msg_type, f.body)))
             elif kind == C.CLOSE:
                 self.closed[conn] = data
+            elif kind == C.KILL:
+                assert conn not in self.closed, "KILL must come before the connection's CLOSE"
+                self.killed.append((conn, data))
             else:
                 self.shutdown.append(data)
 

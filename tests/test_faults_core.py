@@ -72,6 +72,22 @@ def test_drop_and_remote_kill_close_the_connection(kind):
         assert "connection dropped" in ev["action"]
 
 
+def test_kill_is_an_action_for_the_io_layer():
+    """The core never signals anything itself: a kill fault on a rank of this host comes out as a
+    KILL action with that rank's pid, before its CLOSE; its own process (or the launcher) never."""
+    h = Harness(faults=plan("kill:rank=0:seq=2"), own_pids=(4242,))
+    hs = world(h, 2)
+    assert results(h, [0, 1], allreduce(h, [0, 1], hs, 1)) == [0, 0]
+    allreduce(h, [0, 1], hs, 2)
+    assert h.killed == [(0, 1000)] and "fault injected" in h.closed[0]
+    ev = [e for e in h.core.events if e["event"] == "fault_injected"][0]
+    assert ev["action"] == "SIGKILL sent to pid 1000"
+    h2 = Harness(faults=plan("kill:rank=0:seq=1"), own_pids=(1000,))
+    hs2 = world(h2, 2)
+    allreduce(h2, [0, 1], hs2, 1)
+    assert h2.killed == [] and "fault injected" in h2.closed[0]
+
+
 def test_shrink_after_a_death_builds_the_survivors_communicator():
     h = Harness()
     hs = world(h, 4)

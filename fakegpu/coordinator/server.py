@@ -602,6 +602,12 @@ class CoordinatorServer:
                     conn.close(data)
             elif kind == C.SHUTDOWN:
                 self.request_stop(data)
+            elif kind == C.KILL:
+                try:
+                    os.kill(data, signal.SIGKILL)
+                except OSError as exc:
+                    log.warning("injected kill: SIGKILL to pid %d failed (%s); the connection is dropped",
+                                data, exc.strerror)
 
     def request_stop(self, reason: str) -> None:
         if self._stop is not None and not self._stop.is_set():

@@ -13,7 +13,10 @@ from fakegpu import protocol as P
 
 log = logging.getLogger("fakegpu.coordinator")
 
-SEND, CLOSE, SHUTDOWN = 0, 1, 2
+# Actions the I/O layer performs: (SEND, conn, data), (CLOSE, conn, reason),
+# (SHUTDOWN, None, reason), (KILL, conn, pid): SIGKILL that process (a fault injected by
+# FAKEGPU_FAULTS), before the connection's CLOSE that follows it.
+SEND, CLOSE, SHUTDOWN, KILL = 0, 1, 2, 3
 
 DEFAULT_STAGING_BYTES = 32 << 20
 

@@ -6,6 +6,7 @@ connection and returns *actions* for the I/O layer:
     (SEND, conn_id, data)      data is bytes, or a list of bytes-like pieces to write in order
     (CLOSE, conn_id, reason)   close that connection after flushing what was queued
     (SHUTDOWN, None, reason)   write the reports and stop the coordinator
+    (KILL, conn_id, pid)       SIGKILL that rank process (an injected fault); a CLOSE follows
 
 ``Core.tick(now)`` fails whatever has waited past the timeout; ``Core.disconnect`` fails
 the peers of a process that went away. Time comes from the injected ``clock``
@@ -19,6 +20,7 @@ import hmac
 import json
 import logging
 import os
+import socket
 import struct
 import time
 from collections import OrderedDict
@@ -51,7 +53,8 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMix
                  transport: str = "unix", cost_fn=None, topology=None, defer_records: bool = False,
                  faults: Optional[FaultPlan] = None, max_events: int = 1000,
                  local_collectives: Optional[bool] = None, local_slot_bytes: Optional[int] = None,
-                 arena_factory: Optional[A.ArenaFactory] = None, host_shm_bytes: Optional[int] = None):
+                 arena_factory: Optional[A.ArenaFactory] = None, host_shm_bytes: Optional[int] = None,
+                 hostname: Optional[str] = None, own_pids: Optional[tuple] = None):
         self.token = token
         self.timeout_ms = int(timeout_ms)
         self.timeout_s = timeout_ms / 1000.0
@@ -66,6 +69,10 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMix
         self._records: list = []
         self.clock = clock
         self.wall = wall
+        # Who "this host" and "this process" are, for deciding which rank processes a KILL may
+        # reach (never the coordinator itself or its parent, the launcher).
+        self.hostname = hostname if hostname is not None else socket.gethostname()
+        self.own_pids = own_pids if own_pids is not None else (os.getpid(), os.getppid())
         self.transport = transport
         self.cost_fn = cost_fn
         self.topology = topology

@@ -2,15 +2,11 @@
 """
 from __future__ import annotations
 
-import os
-import signal
-import socket
-
 from fakegpu import protocol as P
 from fakegpu.coordinator.matching import D_CALL_SEQ, D_KIND, GroupState, describe_op
 from fakegpu.coordinator.registry import Client, Member
 
-from .common import CLOSE, log
+from .common import CLOSE, KILL, log
 
 
 class InjectionMixin:
@@ -41,14 +37,13 @@ class InjectionMixin:
         return True
 
     def _kill(self, client: Client) -> str:
+        """Asks the I/O layer to SIGKILL the rank's process (a KILL action) when it runs on this
+        host; what happens is said in the fault event."""
         pid = client.hello.pid
-        local = client.transport == "unix" or client.hello.hostname == socket.gethostname()
-        if not local or pid <= 1 or pid in (os.getpid(), os.getppid()):
+        local = client.transport == "unix" or client.hello.hostname == self.hostname
+        if not local or pid <= 1 or pid in self.own_pids:
             return f"connection dropped (pid {pid} on {client.hello.hostname or '?'} cannot be signalled here)"
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError as exc:
-            return f"SIGKILL to pid {pid} failed ({exc.strerror}); connection dropped"
+        self._out.append((KILL, client.id, pid))
         return f"SIGKILL sent to pid {pid}"
 
     def _release_delayed(self, now: float) -> None:
