@@ -298,8 +298,9 @@ def failure_observations(results: list[dict], report: Optional[dict]) -> dict:
             "failed_operations": report["totals"].get("failed_operations"),
             "rank_timeouts": {str(r["rank"]): r["timeouts"] for r in report["ranks"]},
             "init_timeouts": {str(r["rank"]): r["init_timeouts"] for r in report["ranks"]},
-            "events": [e for e in report.get("events", []) if "timeout" in str(e.get("kind", e)).lower()
-                       or "fail" in str(e.get("kind", e)).lower()][:50],
+            "events": report.get("events", {}).get("by_event", {}),
+            "failure_events": [e for e in report.get("events", {}).get("items", [])
+                               if e.get("event") in ("op_failed", "init_timeout", "rank_timeout")][:50],
         }
     return observed
 

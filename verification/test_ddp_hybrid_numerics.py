@@ -68,7 +68,11 @@ def missing_peer(session: str, rank: int, world: int) -> dict:
     from fakegpu.nccl import NcclError
 
     if rank != world - 1:
-        return {"ok": True, "role": "absent (never joins)"}
+        # Stay out of every collective (the barrier after this case included) until the waiting
+        # rank's init has timed out, or our barrier would time out the same way.
+        hold_s = int(os.environ.get("FAKEGPU_COORDINATOR_TIMEOUT_MS", "600000")) / 1000 + 3
+        time.sleep(hold_s)
+        return {"ok": True, "role": f"absent (never joins; held back {hold_s:g} s)"}
     nccl, uid = _raw_comm(session, "missing_peer", world, rank)
     started = time.monotonic()
     error = None
