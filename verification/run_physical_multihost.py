@@ -360,13 +360,13 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     sys.path.insert(0, str(REPO / "verification"))
-    from test_ddp_hybrid_numerics import DEFAULT_CASES
+    from test_ddp_hybrid_numerics import ALL_CASES
 
     nodes = [Node.parse(text) for text in args.node]
     if len(nodes) < 2:
         raise ControllerError("give at least two --node values (one rank per host)")
     args.ssh = shlex.split(args.ssh_command)
-    args.cases = args.cases or ",".join(DEFAULT_CASES)
+    args.cases = args.cases or ",".join(ALL_CASES)
     args.session = args.session or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     args.master_addr = args.master_addr or nodes[0].addr
     from fakegpu.topology.bundled import resolve_cluster_config
