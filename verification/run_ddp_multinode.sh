@@ -12,6 +12,7 @@ n=$(ranks_argument "${1:-}")
 config=$(two_node_config "$n")
 out=$(new_out_dir ddp-multinode)
 py=${FAKEGPU_PYTHON:-python3}
+mkdir -p "$out/ranks"
 OMP_NUM_THREADS=1 "$repo/fgpu" -q --mode simulate --dist-mode simulate --cluster-config "$config" \
   --device-count "$n" --report "$out/report.json" -- \
   "$py" -m torch.distributed.run --standalone --nproc-per-node "$n" \

@@ -32,7 +32,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
+# This checkout's fakegpu before any installed copy: importing workloads imports torch, whose
+# backend entry points import whichever fakegpu comes first on sys.path (and its shim).
+sys.path[:0] = [str(HERE), str(REPO)]
 from workloads import CASES, SUITE  # noqa: E402
 
 DEFAULT_CASE_TIMEOUT_S = 150
