@@ -240,6 +240,8 @@ test/NAME                   -> verification/NAME (docs/usage.md maps the documen
 --cluster-config ... --coordinator-addr ... -> a bundled config and a socket, plus `-- COMMAND`
 your_training_script.py     -> a GPU-style script written for the test
 FAKEGPU_MODE=hybrid         -> simulate (no GPU: the worker's documented CPU form)
+SSH to the hosts            -> --ssh-command NETNS-RUNNER and --timeout-ms 5000 added (no sshd; the
+                               missing-peer case waits one timeout, 60 s by default)
 """
 
 
