@@ -557,3 +557,11 @@ def test_manual_tcp_coordinator(built, ports):
     finally:
         assert coordinator.stop() == 0, coordinator.output
     assert _report("/tmp/fakegpu-cluster-report.json")["metadata"]["coordinator"]["transport"] == "tcp"
+
+
+def test_passthrough_compute_with_simulated_communication_is_refused_naming_the_variable(built):
+    done = subprocess.run(["bash", "-c", "FAKEGPU_MODE=passthrough FAKEGPU_DIST_MODE=simulate ./fgpu -- true"],
+                          cwd=str(REPO), env=block_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "FAKEGPU_MODE passthrough" in done.stderr and "FAKEGPU_DIST_MODE must be passthrough or proxy" in done.stderr, \
+        done.stderr
