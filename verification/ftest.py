@@ -82,7 +82,7 @@ def list_groups() -> None:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-l", "--list", "-h", "--help"):
         list_groups()
-        return 0 if argv else 2
+        return 0
     unknown = [n for n in argv if n not in GROUPS]
     if unknown:
         print(f"ftest: unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
