@@ -38,7 +38,10 @@ from typing import Callable, Mapping, Optional, Sequence
 import fakegpu
 from fakegpu.env import is_loopback_host, parse_size, parse_tcp_address  # noqa: F401 (re-exported)
 
-COMPUTE_MODES = ("simulate", "hybrid")
+# passthrough: the program computes on its real GPU and fakegpu fakes nothing; it pairs with
+# a real-NCCL distribution mode (passthrough, the default with it, or proxy).
+COMPUTE_MODES = ("simulate", "hybrid", "passthrough")
+REAL_NCCL_DIST_MODES = ("passthrough", "proxy")
 # Distribution modes, and whether each one needs a coordinator. fake and real_pp_fake_spmd
 # complete the fake axes inside each process (the real pipeline traffic of the latter goes
 # through torch's own backend) and write the report themselves; passthrough lets real NCCL
@@ -220,9 +223,14 @@ def config_from_args(ns, cwd: Optional[Path] = None, environ: Optional[Mapping[s
         raise LaunchError(f"unknown {said('--mode')} {mode!r}; choose one of: {', '.join(COMPUTE_MODES)}")
     cfg.mode = mode
 
-    dist_mode = pick(ns.dist_mode, "FAKEGPU_DIST_MODE", "--dist-mode") or "simulate"
+    dist_mode = pick(ns.dist_mode, "FAKEGPU_DIST_MODE", "--dist-mode") or (
+        "passthrough" if mode == "passthrough" else "simulate")
     if dist_mode not in DIST_MODES:
         raise LaunchError(f"unknown {said('--dist-mode')} {dist_mode!r}; choose one of: {', '.join(DIST_MODES)}")
+    if mode == "passthrough" and dist_mode not in REAL_NCCL_DIST_MODES:
+        raise LaunchError(f"{said('--mode')} passthrough computes on the real GPU with NVIDIA's NCCL, so "
+                          f"{said('--dist-mode')} must be {' or '.join(REAL_NCCL_DIST_MODES)}, not {dist_mode!r} "
+                          "(--mode hybrid keeps real compute and simulates the communication)")
     cfg.dist_mode = dist_mode
 
     cluster = pick(ns.cluster_config, "FAKEGPU_CLUSTER_CONFIG", "--cluster-config")

@@ -23,8 +23,8 @@ pytestmark = [
 def test_demo_trains_and_reports_by_group(tmp_path, shim_library):
     env = dict(os.environ, FAKEGPU_NCCL_LIBRARY=shim_library,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "fakegpu", "demo", "--steps", "3", "--out", str(out)],
+    out = tmp_path   # no --out: the reports go where the README says, the directory it ran from
+    proc = subprocess.run([sys.executable, "-m", "fakegpu", "demo", "--steps", "3"],
                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
@@ -32,8 +32,8 @@ def test_demo_trains_and_reports_by_group(tmp_path, shim_library):
     assert len(losses) == 3, text[-4000:]
     assert losses[-1] < losses[0]  # it learns
     assert "could not register" not in text
-    report_path = out / "report.json"
-    assert report_path.is_file() and (out / "report.md").is_file()
+    report_path = out / "fakegpu-report.json"
+    assert report_path.is_file() and (out / "fakegpu-report.md").is_file()
     assert str(report_path) in text  # the paths are printed
     report = json.loads(report_path.read_text())
     assert report["world_size"] == 4

@@ -488,10 +488,14 @@ def run_rank(sweep: Sweep, rank: int, world_size: int, session: str,
                 if sweep.check:
                     wrong = int(_agree(comm, _count_wrong(comm, nccl, sweep, bufs, count, rank,
                                                           n, in_place), RedOp.sum))
+                    if not in_place:   # what the check call left, as every rank saw it
+                        row["sample"] = _result_sample(comm, bufs, n)
                 logical = _logical_bytes(sweep.op, count, sweep.dtype.itemsize, n)
                 algbw = logical / seconds / 1e9 if seconds > 0 else 0.0
                 row[placement] = {"time_us": seconds * 1e6, "algbw": algbw,
                                   "busbw": algbw * sweep.op.busbw_factor(n), "wrong": wrong}
+                moved = rank_payload_bytes(sweep.op, count, sweep.dtype.itemsize, n)
+                row[placement]["rank_payload_gbits"] = moved * 8 / seconds / 1e9 if seconds > 0 else 0.0
             rows.append(row)
             if rank == 0 and log is not None:
                 print(f"rank 0: {nbytes} B done", file=log, flush=True)
@@ -502,6 +506,59 @@ def run_rank(sweep: Sweep, rank: int, world_size: int, session: str,
 
 def _logical_bytes(op: OpSpec, count: int, elem: int, n: int) -> int:
     return count * elem * n if op.per_rank_blocks else count * elem
+
+
+SAMPLE_ELEMENTS = 3
+
+
+def _result_sample(comm, bufs: "_Buffers", n: int) -> list[list[float]]:
+    """The first elements of every rank's output buffer (all-gathered, so each rank returns
+    the same list): the usage doc's "all-reduce sample [3, 3, 3] on both ranks"."""
+    from fakegpu.nccl import DataType
+
+    k = min(SAMPLE_ELEMENTS, len(bufs.recv))
+    mine = np.zeros(SAMPLE_ELEMENTS, dtype=np.float64)
+    mine[:k] = bufs.recv[:k].astype(np.float64)
+    everyone = np.zeros(n * SAMPLE_ELEMENTS, dtype=np.float64)
+    comm.all_gather(mine, everyone, SAMPLE_ELEMENTS, DataType.float64)
+    return [[float(v) for v in everyone[r * SAMPLE_ELEMENTS:r * SAMPLE_ELEMENTS + k]] for r in range(n)]
+
+
+def rank_payload_bytes(op: OpSpec, count: int, elem: int, n: int) -> int:
+    """Bytes one rank hands to the coordinator and gets back per call (both directions; the
+    busiest rank for rooted ops). Over TCP all of it crosses the rank's socket."""
+    block = count * elem
+    if op.name in ("allgather", "gather"):
+        return block + n * block
+    if op.name in ("reducescatter", "scatter"):
+        return n * block + block
+    if op.name == "alltoall":
+        return 2 * n * block
+    if op.name in ("broadcast", "reduce"):
+        return block                 # the root sends (broadcast) or receives (reduce) it once
+    return 2 * block                 # allreduce, sendrecv: the buffer out and the result back
+
+
+def format_summary(sweep: Sweep, rows: Sequence[dict], iterations: int) -> str:
+    """The usage doc's validation table: per size, the iterations timed, a sample of the result
+    on every rank, the end-to-end algorithm bandwidth and each rank's payload in both directions,
+    in Gbit/s (network units; the nccl-tests table above is in GB/s)."""
+    head = (f"# {'size (B)':>10} {'iterations':>10}  {'result sample (first elements, per rank)':<44} "
+            f"{'algbw (Gbit/s)':>14} {'rank payload in+out (Gbit/s)':>29}")
+    lines = ["#", "# out-of-place, end to end through the coordinator:", head]
+    for row in rows:
+        sample = row.get("sample")
+        if sample is None:
+            shown = "not checked (-c 0)"
+        else:
+            values = [[int(v) if float(v).is_integer() else v for v in r] for r in sample]
+            same = all(v == values[0] for v in values)
+            shown = (f"{values[0]} on all {len(values)} ranks" if same
+                     else "; ".join(f"rank {i}: {v}" for i, v in enumerate(values)))
+        r = row["out_of_place"]
+        lines.append(f"  {row['size']:>10} {iterations:>10}  {shown:<44} {r['algbw'] * 8:>14.3f} "
+                     f"{r.get('rank_payload_gbits', 0.0):>29.3f}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -801,6 +858,7 @@ def _run(args: argparse.Namespace) -> int:
               f"{layout} (here: {','.join(map(str, plan.local_ranks))}), {where}, "
               f"median of {sweep.iterations} calls after {sweep.warmup} warmup")
     print(format_table(sweep, plan.world_size, rows, header))
+    print(format_summary(sweep, rows, sweep.iterations))
     if args.json:
         doc = result_document(sweep, plan.world_size, rows, transport=plan.transport,
                               address=plan.address or "", session=plan.session)

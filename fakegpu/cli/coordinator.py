@@ -161,6 +161,10 @@ def _serve(ns, env) -> int:
         topology = None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--cluster-config {cluster_config}: {exc}") from None
+    # Plausible-but-suspicious inputs (a units slip, typically) are said at start, where the
+    # person who wrote the YAML sees them, and kept in the report's notes as well.
+    for warning in getattr(topology, "warnings", None) or []:
+        print(f"fakegpu coordinator: warning: {warning}", file=sys.stderr, flush=True)
 
     # inf - inf, 0 * inf, integer-like overflow in floats: results NCCL produces silently.
     import numpy as np

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 DEFAULT_TOPOLOGY = "dev-2node-2gpu.yaml"
-DEFAULT_OUT = "fakegpu-demo"
+DEFAULT_OUT = "."   # like fgpu: fakegpu-report.json and .md in the directory it runs from
 
 
 def bundled_topology() -> Optional[Path]:
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-config", metavar="YAML",
                    help=f"cluster topology (default: the bundled {DEFAULT_TOPOLOGY})")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"folder for the reports (default ./{DEFAULT_OUT})")
+                   help="folder for fakegpu-report.json and fakegpu-report.md (default: the current directory)")
     p.add_argument("-v", "--verbose", action="store_true", help="show the coordinator's log")
     return p
 
@@ -55,7 +55,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.json"
+    from fakegpu.launcher import DEFAULT_REPORT_NAME
+
+    report = out / DEFAULT_REPORT_NAME
 
     import os
 

@@ -65,7 +65,8 @@ def summary_text(report: dict) -> str:
         f"{fmt_bytes(totals['logical_bytes'])}; modeled {fmt_seconds(totals['modeled_time_s'])} "
         f"(makespan {fmt_seconds(totals['modeled_makespan_s'])})",
         "",
-        f"{'operation':<14}{'calls':>8}{'payload':>14}{'modeled':>12}{'algbw':>9}{'busbw':>9}  algorithms",
+        f"{'operation':<14}{'calls':>8}{'payload':>14}{'modeled':>12}{'algbw':>9}{'busbw':>9}  algorithms"
+        + "\n" + f"{'':<14}{'':>8}{'':>14}{'':>12}{'(GB/s)':>9}{'(GB/s)':>9}",
     ]
     for kind, s in report["collectives"].items():
         algos = ", ".join(f"{a} x{c}" for a, c in s["algorithms"].items())

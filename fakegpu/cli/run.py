@@ -32,6 +32,8 @@ def build_parser(prog: str = "fgpu") -> argparse.ArgumentParser:
         description="Run COMMAND under fakegpu: NCCL calls go to a simulating coordinator.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     launcher.add_launch_options(parser)
+    parser.add_argument("--list-cluster-configs", action="store_true",
+                        help="list the cluster configs fakegpu ships (usable by bare name) and exit")
     parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -52,6 +54,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
         return demo.main(argv[1:])
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    if ns.list_cluster_configs:
+        return list_cluster_configs()
     command = list(ns.command)
     explicit = bool(command) and command[0] == "--"
     if explicit:
@@ -63,10 +67,47 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
         parser.error("no command given")
     try:
         cfg = launcher.config_from_args(ns)
+        warn_about_cluster_config(cfg.cluster_config, prog)
         return launcher.launch(cfg, command)
     except launcher.LaunchError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_status
+
+
+def list_cluster_configs() -> int:
+    """One line per shipped config: the name to pass, its cluster name, ranks and nodes, and where it is."""
+    from fakegpu.topology import load_cluster_config
+    from fakegpu.topology.bundled import bundled_cluster_config, bundled_names
+
+    names = bundled_names()
+    if not names:
+        print("no bundled cluster configs found", file=sys.stderr)
+        return 1
+    for name in names:
+        path = bundled_cluster_config(name)
+        try:
+            topo = load_cluster_config(str(path))
+            what = f"{topo.world_size:>4} ranks on {len(topo.nodes)} node(s)"
+        except Exception as exc:  # listed anyway: the user should see a broken file too
+            what = f"unreadable: {exc}"
+        print(f"{name:44} {what}  {path}")
+    return 0
+
+
+def warn_about_cluster_config(path, prog: str) -> None:
+    """Print the YAML's plausibility warnings (a units slip, typically) before the job starts;
+    the coordinator also keeps them in the report's notes. Errors are left to the coordinator,
+    which reports them with the file's line numbers."""
+    if path is None:
+        return
+    try:
+        from fakegpu.topology import load_cluster_config
+
+        topo = load_cluster_config(str(path))
+    except Exception:
+        return
+    for warning in topo.warnings:
+        print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def console_main() -> None:

@@ -9,9 +9,11 @@ from typing import Optional
 
 
 def bundled_dirs() -> list[Path]:
-    """Where the bundled configs can be: an installed wheel, then a source checkout."""
+    """Where the bundled configs can be: an installed wheel, then a source checkout (its
+    cluster_configs/, then the verification configs the usage doc names, verification/data/)."""
     package = Path(__file__).resolve().parents[1]
-    return [d for d in (package / "data" / "cluster_configs", package.parent / "cluster_configs") if d.is_dir()]
+    return [d for d in (package / "data" / "cluster_configs", package.parent / "cluster_configs",
+                        package.parent / "verification" / "data") if d.is_dir()]
 
 
 def bundled_names() -> list[str]:

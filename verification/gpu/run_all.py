@@ -32,8 +32,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-from workloads import CASES  # noqa: E402
+# This checkout's fakegpu before any installed copy: importing workloads imports torch, whose
+# backend entry points import whichever fakegpu comes first on sys.path (and its shim).
+sys.path[:0] = [str(HERE), str(REPO)]
+from workloads import CASES, SUITE  # noqa: E402
 
 DEFAULT_CASE_TIMEOUT_S = 150
 
@@ -81,6 +83,9 @@ def run_case(case: str, args, shim: str) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    if args.dry_run:
+        # CPU tensors on purpose: no fake CUDA devices (fgpu's simulate-mode default) in the way.
+        env.setdefault("FAKEGPU_FAKE_CUDA", "0")
     cmd = case_command(case, args, case_dir)
     t0 = time.monotonic()
     with open(case_dir / "log.txt", "w") as log:
@@ -145,7 +150,8 @@ def write_summary(out: Path, results: list, args) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="results directory (created)")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of: {', '.join(CASES)}")
+    p.add_argument("--cases", default=",".join(SUITE),
+                   help=f"comma-separated cases (default: {', '.join(SUITE)}); any of: {', '.join(CASES)}")
     p.add_argument("--nproc", type=int, default=4, help="ranks, all on one GPU (default 4)")
     p.add_argument("--dry-run", action="store_true", help="CPU, fakegpu backend, simulate mode (no GPU)")
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="largest all_reduce of the sweep")

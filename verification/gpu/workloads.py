@@ -9,8 +9,10 @@ the reference's, and writes DIR/rank<R>.json: {"case", "rank", "max_abs_err", "r
 modulo the device count). `bandwidth` instead times all_reduce on device buffers and rank 0 writes
 DIR/bandwidth.json.
 
-CASES: ddp_plain ddp_no_sync ddp_find_unused ddp_static_graph ddp_bucket_view fsdp2_fp32
-fsdp2_bf16 tp pp bandwidth
+CASES: ddp_plain ddp_no_sync ddp_find_unused ddp_static_graph ddp_bucket_view, ddp_all (the five
+in one job), fsdp1 (FULL_SHARD, full state dict, restoration into a fresh model), fsdp2_<P> with
+parameters in P = fp32, fp16 or bf16 and gradients reduced in fp32, fsdp2_<P>_param (gradients
+reduced in the parameter dtype), tp, pp, bandwidth
 """
 from __future__ import annotations
 
@@ -25,8 +27,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-CASES = ("ddp_plain", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph", "ddp_bucket_view",
-         "fsdp2_fp32", "fsdp2_bf16", "tp", "pp", "bandwidth")
+DDP_CASES = ("ddp_plain", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph", "ddp_bucket_view")
+FSDP2_PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+FSDP2_CASES = ("fsdp2_fp32", "fsdp2_bf16", "fsdp2_fp16", "fsdp2_bf16_param", "fsdp2_fp16_param")
+CASES = (*DDP_CASES, "ddp_all", "fsdp1", *FSDP2_CASES, "tp", "pp", "bandwidth")
+# What run_all.py runs when no --cases is given (the usage doc's runners pick the others).
+SUITE = (*DDP_CASES, "fsdp2_fp32", "fsdp2_bf16", "tp", "pp", "bandwidth")
 STEPS = 4
 ROWS = 8          # per rank and step
 FEATURES, HIDDEN, OUTPUTS = 32, 64, 16
@@ -73,7 +79,9 @@ def full(t: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ single-process references
 
 def reference_data_parallel(n, device, micro_steps: int = 1, unused_branch=False, bf16=False):
-    """Data parallelism with averaged gradients == one process on the global batch."""
+    """Data parallelism with averaged gradients == one process on the global batch (``bf16``:
+    True for bfloat16 compute, or the low-precision dtype itself)."""
+    low = torch.bfloat16 if bf16 is True else (None if bf16 is False else bf16)
     model = make_model(device, unused_branch)
     opt = sgd(model.parameters())
     losses = []
@@ -81,8 +89,8 @@ def reference_data_parallel(n, device, micro_steps: int = 1, unused_branch=False
         opt.zero_grad(set_to_none=True)
         for m in range(micro_steps):
             x, y = global_batch(step, n, device, m)
-            if bf16:
-                with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+            if low is not None:
+                with torch.autocast(device_type=torch.device(device).type, dtype=low):
                     out = model(x)
                 loss = F.mse_loss(out.float(), y)
             else:
@@ -156,10 +164,15 @@ def run_fsdp2(case, rank, n, device):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    bf16 = case == "fsdp2_bf16"
+    # fsdp2_<precision>[_param]: parameters in <precision>; gradients reduced in fp32, or (with
+    # _param) in the parameter dtype itself.
+    parts = case.split("_")
+    low = None if parts[1] == "fp32" else FSDP2_PRECISIONS[parts[1]]
+    param_reduce = parts[-1] == "param"
     mesh = init_device_mesh(device.type, (n,))
     model = make_model(device)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low if param_reduce else torch.float32)
+          if low is not None else MixedPrecisionPolicy())
     for layer in (model.fc1, model.fc2, model.fc3):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -173,10 +186,51 @@ def run_fsdp2(case, rank, n, device):
         opt.step()
         losses.append(loss.item())
     got = {k: full(v) for k, v in model.named_parameters()}
-    ref, _ = reference_data_parallel(n, device, 1, False, bf16)
-    # bf16: the ranks compute in bf16 on their own rows, the reference on all rows; the check
-    # is relative to how far training moved the weights (a wrong reduction is off by far more).
-    return got, ref, losses, ((5e-2, 5e-3) if bf16 else (1e-4, 1e-5))
+    ref, _ = reference_data_parallel(n, device, 1, False, low)
+    # Low precision: the ranks compute in it on their own rows, the reference on all rows; the
+    # check is relative to how far training moved the weights (a wrong reduction is off by far more).
+    return got, ref, losses, ((5e-2, 5e-3) if low is not None else (1e-4, 1e-5))
+
+
+def run_fsdp1(case, rank, n, device):
+    """FSDP FULL_SHARD: reduce-scattered, averaged gradients, SGD on the shards, the full state
+    dict against the reference, then that state dict loaded into a fresh (differently
+    initialised) FSDP model must read back identical."""
+    from torch.distributed.fsdp import FullStateDictConfig, ShardingStrategy, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def wrap(module):
+        return FSDP(module, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device,
+                    use_orig_params=False)
+
+    def full_state(m):
+        with FSDP.state_dict_type(m, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(offload_to_cpu=device.type == "cuda", rank0_only=False)):
+            return {k: v.detach().float().cpu().clone() for k, v in m.state_dict().items()}
+
+    model = wrap(make_model(device))
+    opt = sgd(model.parameters())
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        x, y = global_batch(step, n, device)
+        loss = F.mse_loss(model(local_rows(x, rank)), local_rows(y, rank))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    got = full_state(model)
+    fresh_module = make_model(device)
+    with torch.no_grad():
+        for p in fresh_module.parameters():
+            p.fill_(7.0)
+    fresh = wrap(fresh_module)
+    with FSDP.state_dict_type(fresh, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=device.type == "cuda", rank0_only=False)):
+        fresh.load_state_dict({k: v.to(device) for k, v in got.items()})
+    back = full_state(fresh)
+    restored = set(back) == set(got) and all(torch.equal(back[k], got[k]) for k in got)
+    ref, _ = reference_data_parallel(n, device)
+    return got, ref, losses, (1e-4, 1e-5), {"state_dict_restored": restored}
 
 
 def run_tp(case, rank, n, device):
@@ -305,6 +359,26 @@ def compare(got: dict, ref: dict, tol) -> dict:
             "tol": {"rtol": rtol, "atol": atol}, "params": sorted(got)}
 
 
+def run_named_case(case: str, rank: int, n: int, device) -> dict:
+    """One numerical case in this (already initialised) process group: this rank's result,
+    {"ok", "max_abs_err", ...}. ddp_all runs the five DDP cases and keeps each one's verdict."""
+    if case == "ddp_all":
+        parts = {c: run_named_case(c, rank, n, device) for c in DDP_CASES}
+        return {"case": case, "rank": rank, "nranks": n, "device": str(device),
+                "ok": all(r["ok"] for r in parts.values()),
+                "max_abs_err": max(r["max_abs_err"] for r in parts.values()),
+                "err_over_update": max(r["err_over_update"] for r in parts.values()),
+                "cases": parts}
+    runner = {"ddp": run_ddp, "fsdp1": run_fsdp1, "fsdp2": run_fsdp2, "tp": run_tp, "pp": run_pp}[case.split("_")[0]]
+    got, ref, losses, tol, *extra = runner(case, rank, n, device)
+    result = {"case": case, "rank": rank, "nranks": n, "device": str(device),
+              "losses": losses, **compare(got, ref, tol)}
+    for checks in extra:
+        result.update(checks)
+        result["ok"] = result["ok"] and all(checks.values())
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("case", choices=CASES)
@@ -334,10 +408,7 @@ def main(argv=None) -> int:
             run_bandwidth(out_dir, rank, n, device, args.max_bytes)
             result = {"case": args.case, "rank": rank, "ok": True}
         else:
-            runner = {"ddp": run_ddp, "fsdp2": run_fsdp2, "tp": run_tp, "pp": run_pp}[args.case.split("_")[0]]
-            got, ref, losses, tol = runner(args.case, rank, n, device)
-            result = {"case": args.case, "rank": rank, "nranks": n, "device": str(device),
-                      "losses": losses, **compare(got, ref, tol)}
+            result = run_named_case(args.case, rank, n, device)
         result["seconds"] = time.perf_counter() - t0
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
         dist.barrier()
