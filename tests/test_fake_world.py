@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fakegpu import costmodel
-from fakegpu.coordinator.records import CommRecord, OpRecord
+from fakegpu.common.records import CommRecord, OpRecord
 from fakegpu.fake.cluster import uniform_cluster, uniform_cluster_yaml
 from fakegpu.fake.events import EventFormatError, EventLog, read_events, replay
 from fakegpu.fake.world import WorldAccountant, replica_groups

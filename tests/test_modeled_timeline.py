@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fakegpu.coordinator.records import CommRecord, OpRecord
+from fakegpu.common.records import CommRecord, OpRecord
 from fakegpu.report.cluster_report import ClusterReport
 from fakegpu.topology import default_topology
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fakegpu.cli import report as report_cli
-from fakegpu.coordinator.records import ClientRecord, CommRecord, OpRecord
+from fakegpu.common.records import ClientRecord, CommRecord, OpRecord
 from fakegpu.report import ClusterReport, check_report
 from fakegpu.report.schema import REPORT_SCHEMA, repo_schema_path
 from fakegpu.topology import default_topology, load_cluster_config

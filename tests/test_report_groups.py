@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from fakegpu.cli import report as report_cli
-from fakegpu.coordinator.records import CommRecord, OpRecord
+from fakegpu.common.records import CommRecord, OpRecord
 from fakegpu.report.cluster_report import ClusterReport
 from fakegpu.report.groups import group_name, parallelism_groups
 from fakegpu.report.markdown import render_markdown

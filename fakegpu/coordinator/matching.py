@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from fakegpu import protocol as P
-from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.common.dtypes import DTYPES
 from fakegpu.wire_spec import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,  # noqa: F401
                                D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR, D_STEP,
                                D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from fakegpu.coordinator.records import ClientRecord, CommRecord
+from fakegpu.common.records import ClientRecord, CommRecord
 
 
 class Client:

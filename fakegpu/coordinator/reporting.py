@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Callable, Optional
 
-from fakegpu.coordinator.records import NullRecorder
+from fakegpu.common.records import NullRecorder
 
 log = logging.getLogger("fakegpu.coordinator")
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu import native_numerics
-from fakegpu.coordinator.collectives.numerics import DTYPE_BY_NAME, DType
+from fakegpu.common.dtypes import DTYPE_BY_NAME, DType
 
 # Above this many element operations (group size x element count) use the closed forms.
 EXACT_ELEMENT_OPS = 1 << 24

@@ -26,7 +26,7 @@ import time
 from typing import Optional, Sequence
 
 from fakegpu import costmodel
-from fakegpu.coordinator.records import CommRecord, OpRecord
+from fakegpu.common.records import CommRecord, OpRecord
 from fakegpu.report.cluster_report import ClusterReport
 from fakegpu.topology import Topology
 

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from fakegpu import __version__
 from fakegpu import costmodel
-from fakegpu.coordinator.records import ClientRecord, CommRecord, OpRecord
+from fakegpu.common.records import ClientRecord, CommRecord, OpRecord
 from fakegpu.report.schedule import ModeledSchedule
 from fakegpu.topology import Topology
 from fakegpu.topology.model import rank_ranges
@@ -159,7 +159,7 @@ class _Attribution:
 
 
 class ClusterReport:
-    """Recorder (see fakegpu.coordinator.records) that accumulates the cluster report."""
+    """Recorder (see fakegpu.common.records) that accumulates the cluster report."""
 
     def __init__(self, topology: Topology, *, max_operations: int = 4096, metadata: Optional[dict] = None):
         self.topology = topology

@@ -7,10 +7,10 @@ import struct
 from typing import Optional
 
 from fakegpu import protocol as P
-from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_IN_LEN, D_KIND, D_MATCH_SEQ,
                                           D_OUT_LEN, D_REDOP, D_ROOT, D_TOTAL, PairQueue, Slot, Step)
-from fakegpu.coordinator.records import OpRecord
+from fakegpu.common.records import OpRecord
 from fakegpu.coordinator.registry import Client, Comm
 
 from .common import _FIRST, _LAST, _RECV_KIND, _SEND_KIND, _STATUS_BY_RESULT, frame_bytes, log, logical_bytes

@@ -9,7 +9,7 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator import arena as A, shm as SHM
-from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import D_DTYPE, D_FLAGS, D_HANDLE, D_KIND, D_MATCH_SEQ, D_REDOP, D_ROOT
 from fakegpu.coordinator.registry import Client, Comm
 

@@ -30,7 +30,7 @@ from fakegpu import protocol as P
 from fakegpu.coordinator import arena as A, shm as SHM
 from fakegpu.coordinator.faults import FaultPlan, load_plan
 from fakegpu.coordinator.matching import Slot, Step
-from fakegpu.coordinator.records import NullRecorder
+from fakegpu.common.records import NullRecorder
 from fakegpu.coordinator.registry import Client, InitRendezvous, ShrinkRendezvous, SplitRendezvous
 from fakegpu.topology.model import rank_ranges
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.collectives import EXECUTORS
-from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,
                                           D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR,
                                           D_STEP, D_STEP_INDEX, FailedCall, GroupState, Slot, SplitGroup,
