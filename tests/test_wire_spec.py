@@ -4,6 +4,7 @@ A generated file that no longer matches the spec fails here: run `python spec/ge
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,34 @@ def test_a_contradictory_spec_is_refused(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "spec" / "generate.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "MESSAGES has a duplicate code or name" in done.stderr
+
+
+def _declared_variables() -> set:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fakegpu_env_spec", ROOT / "spec" / "env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = set()
+    for cells in module.VARIABLES:
+        names.update(re.findall(r"FAKEGPU_[A-Z0-9_]+", cells[0]))
+    return names
+
+
+def _variables_in_code() -> dict:
+    found: dict = {}
+    files = [p for p in (ROOT / "native" / "src").rglob("*") if p.suffix in (".cc", ".h")]
+    files += [p for p in (ROOT / "fakegpu").rglob("*.py")]
+    for path in files:
+        for name in re.findall(r"FAKEGPU_[A-Z0-9_]+", path.read_text(errors="replace")):
+            found.setdefault(name, path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_every_environment_variable_the_code_reads_is_declared_once():
+    """spec/env.py is the list (docs/usage.md's table is generated from it): a variable the shim or
+    the package mentions but the spec lacks is undocumented; one the spec has but nothing reads
+    is a stale row."""
+    declared, used = _declared_variables(), _variables_in_code()
+    undeclared = {n: where for n, where in used.items() if n not in declared}
+    assert not undeclared, f"declare these in spec/env.py (and run spec/generate.py): {undeclared}"
+    assert not declared - set(used), f"spec/env.py declares variables nothing reads: {sorted(declared - set(used))}"
