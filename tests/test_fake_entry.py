@@ -183,3 +183,57 @@ def test_real_pipeline_mode_under_torchrun_enters_unmodified(tmp_path):
     assert [r["env"] for r in results] == [["8", "0"], ["8", "4"]]
     data = json.loads(report.read_text())
     assert data["metadata"]["physical_logical_ranks"] == [0, 4]
+
+
+TRAIN = textwrap.dedent(r"""
+    import sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(0)
+    mesh = init_device_mesh("cuda", (8,), mesh_dim_names=("dp",))
+    width, batch = 256, int(sys.argv[1])
+    model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.ReLU(),
+                                torch.nn.Linear(4 * width, width)).cuda()
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        loss = model(torch.randn(batch, width, device="cuda")).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+""")
+
+
+def test_capture_memory_takes_the_four_captures_through_global_hooks(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    runs = {}
+    for batch in (64, 512):
+        mem = tmp_path / f"mem{batch}.json"
+        report = tmp_path / f"r{batch}.json"
+        _run([str(script), str(batch)], _env(NGPU=8, RANK=3, FAKEGPU_FAKE_CUDA=1, FAKEGPU_MODE="simulate",
+                                             FAKEGPU_MEMORY_CAPTURE_PATH=mem, FAKEGPU_FAKE_REPORT_PATH=report))
+        caps = json.loads(mem.read_text())["captures"]
+        latest = {c["point"]: c for c in caps}
+        assert set(latest) == {"after_init", "after_optimizer_warmup", "steady_state_fwd_bwd",
+                               "after_optimizer_step"}
+        assert all(c["logical_rank"] == 3 and c["device"] == "cuda:0" for c in caps)
+        # the fake-CUDA allocator's figures: parameters sharded 8 ways (and the first input),
+        # then the two Adam moments after the first step
+        params = (256 * 1024 * 2 + 1024 + 256) * 4 // 8
+        init = latest["after_init"]["stats"]["allocated_bytes.all.current"]
+        warm = latest["after_optimizer_warmup"]["stats"]["allocated_bytes.all.current"]
+        assert params <= init <= params + batch * 256 * 4 + 4096 and warm >= 3 * params
+        rows = json.loads(report.read_text())["metadata"]["memory_captures"]
+        assert {r["point"] for r in rows} == set(latest)
+        runs[batch] = (mem, latest)
+    small = runs[64][1]["steady_state_fwd_bwd"]["stats"]["allocated_bytes.all.current"]
+    big = runs[512][1]["steady_state_fwd_bwd"]["stats"]["allocated_bytes.all.current"]
+    assert big - small >= (512 - 64) * 1024 * 4           # at least the larger hidden activation
+    cmp_ = _run(["-m", "fakegpu.fake.memory", "compare", str(runs[64][0]), str(runs[512][0]),
+                 "--point", "steady_state_fwd_bwd"], _env())
+    assert "allocated_bytes.all.current" in cmp_.stdout and "logical rank 3" in cmp_.stdout

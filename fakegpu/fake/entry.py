@@ -126,6 +126,11 @@ def install() -> None:
 
     c10d._new_process_group_helper = new_process_group_helper
 
+    if os.environ.get("FAKEGPU_MEMORY_CAPTURE_PATH"):
+        from . import memory
+
+        memory.install_global_hooks()
+
     if not hasattr(dist, "set_timeout"):
         # Newer torch has it (TorchTitan calls it after the first step); in a fake world
         # nothing ever waits for a peer, so a timeout has nothing to bound.
