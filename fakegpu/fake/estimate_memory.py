@@ -1,0 +1,231 @@
+"""Per-rank memory of a model too large for this machine, without allocating it.
+
+The model, its FSDP2 shards, gradients, optimizer state and activations are fake tensors
+(torch's ``FakeTensorMode``: shapes, dtypes and storage sizes, no data), the process group
+is torch's own ``fake`` backend (collectives complete at once, on nothing), and torch's
+``FSDPMemTracker`` (torch.distributed._tools.fsdp2_mem_tracker) counts every storage that
+lives at each moment of one training step, by category: parameters, buffers, gradients,
+optimizer state, activations, temporaries.  The allocation and free sequence is also
+replayed through fakegpu's model of the CUDA caching allocator (fakegpu.fake_cuda.allocator)
+so the result is the allocator's reserved peak, the number ``torch.cuda.max_memory_reserved()``
+(and TorchTitan's "memory: X GiB") reports.
+
+The model is TorchTitan's own (its model registry, its ``parallelize_fn``: FSDP2 with its
+mixed-precision policy, its selective activation checkpointing), built the way its trainer
+builds it (meta device, then ``to_empty``), here on fake tensors.
+
+What it cannot compute: anything data-dependent (values, losses, NaNs, routing of MoE
+tokens, variable-length batches), NCCL's own buffers and the CUDA context (a few hundred
+MiB to ~1 GiB per GPU on a real run), torch.compile's fused kernels (the estimate is the
+eager program's), and allocator effects of several streams (FSDP's all-gather stream keeps
+its blocks apart on a GPU; the replay has one stream).
+
+    python -m fakegpu.fake.estimate_memory --flavor 8B --dp-shard 8 --local-batch-size 2 \\
+        --seq-len 8192 --ac selective
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import weakref
+from typing import Optional
+
+GiB = 1024 ** 3
+
+
+class _AllocatorReplay:
+    """Feeds each new storage's size to the caching-allocator model and frees it when the
+    storage dies; reports the model's peak reserved and allocated bytes."""
+
+    def __init__(self, total_bytes: int):
+        from fakegpu.fake_cuda.allocator import CachingAllocatorModel
+
+        self.allocator = CachingAllocatorModel(0, total_bytes)
+        self._live: dict[int, object] = {}
+
+    def track(self, storage) -> None:
+        key = id(storage)
+        if key in self._live:
+            return
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return
+        block = self.allocator.malloc(nbytes)
+        self._live[key] = block
+
+        def release(key=key):
+            block = self._live.pop(key, None)
+            if block is not None:
+                self.allocator.free(block)
+
+        weakref.finalize(storage, release)
+
+
+def _replay_mode(replay: _AllocatorReplay):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Replay(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not t.is_meta:
+                    try:
+                        replay.track(t.untyped_storage())
+                    except Exception:
+                        pass
+            return out
+
+    return Replay()
+
+
+def _fused_attention_stand_in():
+    """What a fused attention kernel (flash / FlexAttention on a GPU) holds: it saves q, k, v,
+    its output and the per-row log-sum-exp for backward, never the L x L scores.  Fake
+    tensors carry no values, so only those allocations matter; backward allocates the three
+    input gradients."""
+    import torch
+    from torch.nn.attention.flex_attention import AuxOutput
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            q, k, v, out, lse = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def compiled_flex_attn(q, k, v, *, score_mod=None, block_mask=None, scale=None,
+                           enable_gqa=False, return_aux=None, kernel_options=None):
+        out, lse = FusedAttention.apply(q, k, v)
+        return out, AuxOutput(lse=lse if return_aux is not None and return_aux.lse else None)
+
+    return compiled_flex_attn
+
+
+def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac: str,
+             steps: int = 2, device_gib: float = 95.0, chunked_loss: bool = True) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.llama3 import config_registry as registry
+
+    config = registry.llama3_8b() if flavor == "8B" else registry.llama3_debugmodel()
+    if flavor not in ("8B", "debugmodel"):
+        from torchtitan.models.llama3 import model_registry
+        config.model_spec = model_registry(flavor)
+    config.training.local_batch_size = local_batch_size
+    config.training.seq_len = seq_len
+    config.parallelism.data_parallel_shard_degree = dp_shard
+    config.parallelism.spmd_backend = "partial_dtensor"
+    if ac == "none":
+        config.activation_checkpoint = None
+    elif ac == "full":
+        from torchtitan.distributed.activation_checkpoint import FullAC
+        config.activation_checkpoint = FullAC.Config()
+    # else: the config's own selective AC
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp_shard)
+    import torchtitan.distributed.parallel_dims as titan_dims
+
+    # Fake tensors live on the CPU here (a CPU build has no CUDA device guard for a backward on
+    # cuda fake tensors); the mesh has to be a CPU mesh for FSDP2 to place shards there.
+    titan_dims.device_type = "cpu"
+    parallel_dims = ParallelDims.from_config(config.parallelism, dp_shard)
+    parallel_dims.build_mesh()
+
+    model_spec = config.model_spec
+    model_config = model_spec.model
+    model_config.update_from_config(config=config)
+    t0 = time.time()
+    with torch.device("meta"):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        model = model_config.build()
+        torch.set_default_dtype(prev)
+    model = model_spec.parallelize_fn(model, parallel_dims=parallel_dims, training=config.training,
+                                      parallelism=config.parallelism, compile_config=config.compile,
+                                      ac_config=config.activation_checkpoint,
+                                      dump_folder="/tmp")
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common.attention import FlexAttention
+
+    FlexAttention.compiled_flex_attn = staticmethod(_fused_attention_stand_in())
+    block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, local_batch_size, None, seq_len, seq_len,
+                                   device="cpu")
+    replay = _AllocatorReplay(int(device_gib * GiB))
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    result: dict = {"flavor": flavor, "dp_shard": dp_shard, "local_batch_size": local_batch_size,
+                    "seq_len": seq_len, "ac": ac}
+    with fake_mode:
+        with _replay_mode(replay):
+            # Storage only: weight initialisation is data-dependent (truncated normals) and
+            # the values do not matter for memory.
+            model.to_empty(device="cpu")
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=False,
+                                      foreach=True)
+        vocab = model_config.vocab_size if hasattr(model_config, "vocab_size") else 128256
+        tracker = FSDPMemTracker(mod=model, optm=optimizer)
+        with tracker, _replay_mode(replay):
+            for step in range(steps):
+                tokens = torch.randint(0, vocab, (local_batch_size, seq_len))
+                labels = torch.randint(0, vocab, (local_batch_size, seq_len))
+                logits = model(tokens, attention_masks=block_mask)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                del logits
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        peak = tracker.get_tracker_snapshot("peak")
+    dev = next(k for k in peak if str(k) != "cpu" or True)
+    by_kind = {str(k): int(v) for k, v in peak[dev].items()}
+    result.update({
+        "tracked_peak_bytes": by_kind.get("Total", 0),
+        "tracked_peak_by_category": by_kind,
+        "allocator_peak_allocated_bytes": int(replay.allocator.stats["allocated_bytes"].by_pool["all"].peak),
+        "allocator_peak_reserved_bytes": int(replay.allocator.stats["reserved_bytes"].by_pool["all"].peak),
+        "seconds": round(time.time() - t0, 1),
+    })
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fakegpu.fake.estimate_memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--flavor", default="8B")
+    p.add_argument("--dp-shard", type=int, default=8)
+    p.add_argument("--local-batch-size", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--ac", choices=("selective", "full", "none"), default="selective")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--json", help="write the result here")
+    a = p.parse_args(argv)
+    r = estimate(a.flavor, a.dp_shard, a.local_batch_size, a.seq_len, a.ac, a.steps)
+    text = json.dumps(r, indent=2)
+    print(text)
+    print(f"peak per rank: reserved {r['allocator_peak_reserved_bytes'] / GiB:.1f} GiB, "
+          f"allocated {r['allocator_peak_allocated_bytes'] / GiB:.1f} GiB "
+          f"(FSDPMemTracker {r['tracked_peak_bytes'] / GiB:.1f} GiB)", file=sys.stderr)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
