@@ -1,5 +1,8 @@
 """Per-rank memory of a model too large for this machine, without allocating it.
 
+EXPERIMENTAL, NOT YET RIGHT: it overestimates (see docs/fake-worlds.md, "Models larger than
+the machine"); do not quote its figures.
+
 The model, its FSDP2 shards, gradients, optimizer state and activations are fake tensors
 (torch's ``FakeTensorMode``: shapes, dtypes and storage sizes, no data), the process group
 is torch's own ``fake`` backend (collectives complete at once, on nothing), and torch's
@@ -176,8 +179,12 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
             # the values do not matter for memory.
             model.to_empty(device="cpu")
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=False,
-                                      foreach=True)
+        # TorchTitan's AdamW. Its default fused implementation keeps no per-step temporaries on
+        # a GPU; on CPU DTensors here the fused and foreach kernels redistribute the shards to
+        # full tensors (4 full copies per weight), the per-parameter loop does not and holds
+        # one parameter's temporaries at a time, which is the closest stand-in.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                                      weight_decay=0.1, foreach=False, fused=False)
         vocab = model_config.vocab_size if hasattr(model_config, "vocab_size") else 128256
         tracker = FSDPMemTracker(mod=model, optm=optimizer)
         with tracker, _replay_mode(replay):
@@ -193,8 +200,16 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
                 if step == 0:
                     tracker.reset_mod_stats()
         peak = tracker.get_tracker_snapshot("peak")
+
+        def local_bytes(t) -> int:
+            t = getattr(t, "_local_tensor", t)
+            return t.numel() * t.element_size()
+
+        result["parameter_bytes"] = sum(local_bytes(p) for p in model.parameters())
+        result["optimizer_state_bytes"] = sum(local_bytes(v) for st in optimizer.state.values()
+                                              for v in st.values() if isinstance(v, torch.Tensor))
     dev = next(k for k in peak if str(k) != "cpu" or True)
-    by_kind = {str(k): int(v) for k, v in peak[dev].items()}
+    by_kind = {getattr(k, "value", str(k)): int(v) for k, v in peak[dev].items()}
     result.update({
         "tracked_peak_bytes": by_kind.get("Total", 0),
         "tracked_peak_by_category": by_kind,
