@@ -124,6 +124,8 @@ def _replay_mode(replay: _AllocatorReplay):
             out.append(t)
 
     class Replay(TorchDispatchMode):
+        supports_higher_order_operators = True   # FlexAttention's op passes through too
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             tensors: list = []
@@ -140,30 +142,26 @@ def _replay_mode(replay: _AllocatorReplay):
     return Replay()
 
 
-def _fused_attention_stand_in():
-    """What a fused attention kernel (flash / FlexAttention on a GPU) holds: it saves q, k, v,
-    its output and the per-row log-sum-exp for backward, never the L x L scores.  Fake
-    tensors carry no values, so only those allocations matter; backward allocates the three
-    input gradients."""
-    import torch
-    from torch.nn.attention.flex_attention import AuxOutput
+def _flex_attention_on_fake_tensors():
+    """FlexAttention's own higher-order op, called directly (as a compiled program calls it).
 
-    class FusedAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            out = torch.empty_like(q)
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-            ctx.save_for_backward(q, k, v, out, lse)
-            return out, lse
+    Its fake-tensor implementation allocates what the GPU kernel allocates: the output and
+    the per-row log-sum-exp forward, the three input gradients backward, never the L x L
+    scores.  Calling the op (not a stand-in) keeps TorchTitan's selective activation
+    checkpointing policy, which saves the op's outputs, exact.  The public
+    ``flex_attention`` cannot be used: it refuses CPU inputs that need gradients and wraps
+    itself in ``torch.compile``."""
+    import math
 
-        @staticmethod
-        def backward(ctx, grad_out, grad_lse):
-            q, k, v, out, lse = ctx.saved_tensors
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+    from torch.nn.attention.flex_attention import AuxOutput, _apply_kernel_options, _identity
 
     def compiled_flex_attn(q, k, v, *, score_mod=None, block_mask=None, scale=None,
                            enable_gqa=False, return_aux=None, kernel_options=None):
-        out, lse = FusedAttention.apply(q, k, v)
+        options = _apply_kernel_options(q, k, v, False, kernel_options, return_aux)
+        scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+        out, lse, _ = flex_attention_hop(q, k, v, score_mod or _identity, block_mask.as_tuple(),
+                                         scale, options)
         return out, AuxOutput(lse=lse if return_aux is not None and return_aux.lse else None)
 
     return compiled_flex_attn
@@ -221,7 +219,7 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
     from torch.nn.attention.flex_attention import create_block_mask
     from torchtitan.models.common.attention import FlexAttention
 
-    FlexAttention.compiled_flex_attn = staticmethod(_fused_attention_stand_in())
+    FlexAttention.compiled_flex_attn = staticmethod(_flex_attention_on_fake_tensors())
     block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, local_batch_size, None, seq_len, seq_len,
                                    device="cpu")
     replay = _AllocatorReplay(int(device_gib * GiB))
@@ -242,6 +240,7 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
                                       weight_decay=0.1, foreach=False, fused=False)
         vocab = model_config.vocab_size if hasattr(model_config, "vocab_size") else 128256
         tracker = FSDPMemTracker(mod=model, optm=optimizer)
+        tracker.supports_higher_order_operators = True   # its dispatch only counts outputs
         with tracker, _replay_mode(replay):
             for step in range(steps):
                 tokens = torch.randint(0, vocab, (local_batch_size, seq_len))
