@@ -269,6 +269,7 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
         "tracked_peak_by_category": by_kind,
         "allocator_peak_allocated_bytes": int(replay.allocator.stats["allocated_bytes"].by_pool["all"].peak),
         "allocator_peak_reserved_bytes": int(replay.allocator.stats["reserved_bytes"].by_pool["all"].peak),
+        "allocator_end_allocated_bytes": int(replay.allocator.stats["allocated_bytes"].by_pool["all"].current),
         "seconds": round(time.time() - t0, 1),
     })
     return result
