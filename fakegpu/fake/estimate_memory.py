@@ -1,7 +1,7 @@
 """Per-rank memory of a model too large for this machine, without allocating it.
 
-EXPERIMENTAL, NOT YET RIGHT: it overestimates (see docs/fake-worlds.md, "Models larger than
-the machine"); do not quote its figures.
+How it compares with TorchTitan's published peaks: docs/fake-worlds.md, "Models larger than
+the machine" (``--check-published`` reruns the comparison).
 
 The model, its FSDP2 shards, gradients, optimizer state and activations are fake tensors
 (torch's ``FakeTensorMode``: shapes, dtypes and storage sizes, no data), the process group
