@@ -174,8 +174,8 @@ def install_global_hooks() -> list:
     - ``after_optimizer_warmup``: after the optimizer steps of the first round (with several
       optimizers, e.g. one per pipeline stage, the capture after the last of them is kept);
     - ``after_optimizer_step``: after each later round (the latest is kept);
-    - ``steady_state_fwd_bwd``: when backward reaches the output of a top-level forward run
-      after the first round, i.e. with that step's activations alive.
+    - ``steady_state_fwd_bwd``: when the first backward of a round after the first reaches
+      the output of a top-level forward, i.e. with that step's activations alive.
 
     A forward is top-level when no other module forward encloses it and autograd is not in
     a backward (activation-checkpoint recomputation runs forwards from inside backward).
@@ -186,13 +186,17 @@ def install_global_hooks() -> list:
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim_module
 
-    state = {"depth": 0, "init_done": False, "steps": {}, "round": 0}
+    state = {"depth": 0, "init_done": False, "steps": {}, "round": 0, "fwd_bwd_round": 0}
 
     def in_backward() -> bool:
         return torch._C._current_graph_task_id() != -1
 
     def on_backward_start(grad):
-        capture("steady_state_fwd_bwd")
+        # The first backward of a round is the point with the most activations alive (a
+        # chunked loss runs several backward passes, each after fewer are left).
+        if state["fwd_bwd_round"] != state["round"]:
+            state["fwd_bwd_round"] = state["round"]
+            capture("steady_state_fwd_bwd")
         return None   # leave the gradient as it is
 
     def pre_forward(module, args):
