@@ -253,3 +253,19 @@ def test_pure_fake_pipeline_transfers_stand_for_every_stage(stage, monkeypatch):
     for b in range(4):   # each pipeline {b, b+4, b+8, b+12}: ends send/receive once, middles twice
         assert [sends[b + 4 * k] for k in range(4)] == [1, 2, 2, 1]
         assert [recvs[b + 4 * k] for k in range(4)] == [1, 2, 2, 1]
+
+
+def test_groups_with_the_same_members_keep_their_own_names(topo64):
+    """DeviceMesh makes several groups over the same ranks (a dim and a flattened dim of size
+    one elsewhere); each is its own communicator in the report, under its own name."""
+    acc = WorldAccountant(topo64, 64)
+    dp = list(range(0, 64, 8))
+    assert acc.op("mesh_dp", dp, "AllReduce", "float32", 4, 100) == 8
+    assert acc.op("mesh_dp_shard_cp", dp, "ReduceScatter", "float32", 4, 100) == 8
+    assert acc.op("mesh_dp", dp, "AllReduce", "float32", 4, 100) == 8
+    report = acc.report.to_dict()
+    by_name: dict = {}
+    for c in report["communicators"]:
+        base = c["name"].split("[")[0]
+        by_name[base] = by_name.get(base, 0) + c["operations"]
+    assert by_name == {"mesh_dp": 16, "mesh_dp_shard_cp": 8}

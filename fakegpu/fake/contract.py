@@ -108,6 +108,39 @@ def _int_var(env: Mapping[str, str], name: str, *, minimum: int = 0) -> Optional
     return value
 
 
+# Entering a fake world unmodified (fakegpu.fake.entry) rewrites WORLD_SIZE and RANK to the
+# logical world the program must see; the launcher's values are kept in these variables, and
+# the marker records what was written, so a child that inherits the rewrite reads the
+# launcher's values back while a child that a launcher (torchrun) gave fresh ones uses those.
+LAUNCH_WORLD_SIZE_VAR = "FAKEGPU_LAUNCH_WORLD_SIZE"
+LAUNCH_RANK_VAR = "FAKEGPU_LAUNCH_RANK"
+REWRITE_MARK_VAR = "FAKEGPU_FAKE_WORLD_ENV"
+
+
+def rewrite_mark(world_size, rank) -> str:
+    return f"WORLD_SIZE={world_size} RANK={rank}"
+
+
+def rewritten(env: Mapping[str, str]) -> bool:
+    """True when WORLD_SIZE/RANK in ``env`` are the fake world's rewrite, not the launcher's."""
+    mark = env.get(REWRITE_MARK_VAR)
+    return bool(mark) and mark == rewrite_mark(env.get("WORLD_SIZE"), env.get("RANK"))
+
+
+def launch_view(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the launcher's WORLD_SIZE and RANK (undoing the fake world's rewrite)."""
+    if not rewritten(env):
+        return env
+    view = dict(env)
+    for name, kept in (("WORLD_SIZE", LAUNCH_WORLD_SIZE_VAR), ("RANK", LAUNCH_RANK_VAR)):
+        value = env.get(kept, "")
+        if value:
+            view[name] = value
+        else:
+            view.pop(name, None)
+    return view
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -115,7 +148,7 @@ def _divisors(n: int) -> list[int]:
 def resolve(env: Optional[Mapping[str, str]] = None, *, ngpu: Optional[int] = None,
             pp_degree: Optional[int] = None, mode: Optional[str] = None) -> LaunchContract:
     """Read the launch contract from ``env`` (default ``os.environ``); arguments override it."""
-    env = os.environ if env is None else env
+    env = launch_view(os.environ if env is None else env)
     mode = (mode or env.get("FAKEGPU_DIST_MODE") or MODE_FAKE).strip().lower()
     if mode not in MODES:
         raise LaunchContractError(f"FAKEGPU_DIST_MODE={mode!r} is not a fake-world mode; "

@@ -163,6 +163,75 @@ def auto_capture(optimizer, model=None) -> list:
     return handles
 
 
+_global_hooks: list = []
+
+
+def install_global_hooks() -> list:
+    """The four captures for a program that calls nothing: torch's global module and
+    optimizer hooks (``fgpu --capture-memory`` in the fake-world modes installs them).
+
+    - ``after_init``: just before the first top-level module forward (nothing has run yet);
+    - ``after_optimizer_warmup``: after the optimizer steps of the first round (with several
+      optimizers, e.g. one per pipeline stage, the capture after the last of them is kept);
+    - ``after_optimizer_step``: after each later round (the latest is kept);
+    - ``steady_state_fwd_bwd``: when the first backward of a round after the first reaches
+      the output of a top-level forward, i.e. with that step's activations alive.
+
+    A forward is top-level when no other module forward encloses it and autograd is not in
+    a backward (activation-checkpoint recomputation runs forwards from inside backward).
+    Idempotent; returns the hook handles."""
+    if _global_hooks:
+        return list(_global_hooks)
+    import torch
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    state = {"depth": 0, "init_done": False, "steps": {}, "round": 0, "fwd_bwd_round": 0}
+
+    def in_backward() -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def on_backward_start(grad):
+        # The first backward of a round is the point with the most activations alive (a
+        # chunked loss runs several backward passes, each after fewer are left).
+        if state["fwd_bwd_round"] != state["round"]:
+            state["fwd_bwd_round"] = state["round"]
+            capture("steady_state_fwd_bwd")
+        return None   # leave the gradient as it is
+
+    def pre_forward(module, args):
+        if in_backward():
+            return None
+        if state["depth"] == 0 and not state["init_done"]:
+            state["init_done"] = True
+            capture("after_init")
+        state["depth"] += 1
+        return None
+
+    def post_forward(module, args, output):
+        if in_backward():
+            return None
+        state["depth"] = max(0, state["depth"] - 1)
+        if state["depth"] == 0 and state["round"] >= 1:
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(on_backward_start)
+        return None
+
+    def after_step(opt, args, kwargs):
+        steps = state["steps"]
+        steps[id(opt)] = steps.get(id(opt), 0) + 1
+        state["round"] = max(steps.values())
+        capture("after_optimizer_warmup" if state["round"] == 1 else "after_optimizer_step")
+
+    _global_hooks.extend([
+        nn_module.register_module_forward_pre_hook(pre_forward),
+        nn_module.register_module_forward_hook(post_forward, always_call=True),
+        optim_module.register_optimizer_step_post_hook(after_step),
+    ])
+    return list(_global_hooks)
+
+
 def summarize_for_report(records: list[dict]) -> list[dict]:
     """Compact per-capture rows for the report metadata: the latest capture of each
     (logical rank, point)."""

@@ -184,7 +184,9 @@ class WorldAccountant:
         """The replica communicators of ``members`` (tiling ``domain``, default the world),
         keeping only those whose lowest member lies in ``owned`` [lo, hi) when given."""
         members = tuple(int(m) for m in members)
-        key = (members, tuple(domain) if domain else None, tuple(owned) if owned else None)
+        # The name is part of the key: two groups with the same members (DeviceMesh's "dp" and a
+        # flattened "dp_shard_cp" over the same ranks) stay two communicators in the report.
+        key = (name, members, tuple(domain) if domain else None, tuple(owned) if owned else None)
         entry = self._tilings.get(key)
         if entry is None:
             groups, method = replica_groups(members, self.world_size, domain)

@@ -309,6 +309,9 @@ def install() -> None:
     from . import kernels
 
     kernels.register()
+    from . import flex_attention
+
+    flex_attention.install()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -47,6 +47,7 @@ def register_quietly() -> None:
                       RuntimeWarning, stacklevel=2)
         return
     start_fake_cuda_quietly()
+    start_fake_world_quietly()
 
 
 def start_fake_cuda_quietly() -> None:
@@ -61,6 +62,20 @@ def start_fake_cuda_quietly() -> None:
             install_hints()
     except Exception as exc:  # never let a plugin break `import torch`
         warnings.warn(f"fakegpu: could not start fake CUDA devices: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
+def start_fake_world_quietly() -> None:
+    """Under ``FAKEGPU_DIST_MODE=fake`` / ``real_pp_fake_spmd``: the program's own
+    ``init_process_group()`` enters the fake world (fakegpu.fake.entry).  Installed after the
+    fake CUDA devices, so that its group creation wraps theirs."""
+    try:
+        from fakegpu.fake import entry
+
+        if entry.requested():
+            entry.install()
+    except Exception as exc:  # never let a plugin break `import torch`
+        warnings.warn(f"fakegpu: could not route init_process_group into the fake world: {exc!r}",
+                      RuntimeWarning, stacklevel=2)
 
 
 def entry_point() -> None:

@@ -55,7 +55,24 @@ def _chain_shadowed_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
+def _prepare_fake_world() -> None:
+    """Fake-world modes: WORLD_SIZE/RANK are the logical world's before the program reads them."""
+    if os.environ.get("FAKEGPU_DIST_MODE", "").strip().lower() not in ("fake", "real_pp_fake_spmd"):
+        return
+    try:
+        try:
+            import fakegpu  # noqa: F401
+        except ImportError:
+            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+        from fakegpu.fake.entry import prepare_environment
+
+        prepare_environment()
+    except Exception as exc:  # never break interpreter start
+        print(f"fakegpu: could not prepare the fake world's environment: {exc!r}", file=sys.stderr)
+
+
 if os.environ.get("FAKEGPU_TORCH_AUTOLOAD", "1") != "0":
+    _prepare_fake_world()
     if "torch" in sys.modules:
         _register()
     else:

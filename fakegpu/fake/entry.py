@@ -1,0 +1,140 @@
+"""Unmodified programs enter the fake world: their own ``init_process_group()`` lands in it.
+
+Under ``FAKEGPU_DIST_MODE=fake`` or ``real_pp_fake_spmd`` (``fgpu --dist-mode ...``) two steps
+run in every Python process fgpu starts (its torch autoload hook):
+
+- :func:`prepare_environment`, at interpreter start (before the program reads its
+  environment): once the launch contract resolves, ``WORLD_SIZE`` becomes NGPU and ``RANK``
+  the logical rank this process plays; ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
+  get defaults when absent.  The launcher's values are kept (``contract.launch_view``), so
+  the contract still sees the physical processes.  When the contract does not resolve
+  (e.g. torchrun's agent, which has no RANK), nothing changes: the error surfaces at
+  ``init_process_group``, where it belongs.
+- :func:`install`, at the end of ``import torch``: ``torch.distributed.init_process_group``
+  ignores the backend, ``init_method``, store and sizes the program asked for (``env://``,
+  ``tcp://``, ``file://``, a store, torch's ``"fake"`` backend, ``"nccl"``) and starts the fake
+  world (``fakegpu.fake.process_group.init_process_group``); every later group
+  (``new_group``, DeviceMesh slices, ``split_group``) is a ``fakegpu_fake`` group whatever
+  backend it names; the default backend of ``cpu`` and ``cuda`` is ``fakegpu_fake``.
+
+A size or rank the program passes explicitly must be the logical one (NGPU, the contract's
+rank) or absent: anything else is a launch mistake and raises ``LaunchContractError``.
+``FAKEGPU_FAKE_WORLD_ENTRY=0`` turns both steps off.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import MutableMapping, Optional
+
+from . import contract as _contract
+
+DISABLE_ENV = "FAKEGPU_FAKE_WORLD_ENTRY"
+
+_installed = False
+
+
+def requested(env=None) -> bool:
+    env = os.environ if env is None else env
+    mode = (env.get("FAKEGPU_DIST_MODE") or "").strip().lower()
+    return mode in _contract.MODES and env.get(DISABLE_ENV, "1") != "0"
+
+
+def prepare_environment(env: Optional[MutableMapping[str, str]] = None) -> Optional[_contract.LaunchContract]:
+    """Rewrite WORLD_SIZE/RANK (and default LOCAL_RANK, MASTER_*) for the fake world.
+
+    Returns the contract, or None when not in a fake-world mode or the contract does not
+    resolve here (then ``env`` is left as it was)."""
+    env = os.environ if env is None else env
+    if not requested(env):
+        return None
+    try:
+        lc = _contract.resolve(env)
+    except _contract.LaunchContractError:
+        return None
+    if _contract.rewritten(env):
+        return lc
+    env[_contract.LAUNCH_WORLD_SIZE_VAR] = env.get("WORLD_SIZE", "")
+    env[_contract.LAUNCH_RANK_VAR] = env.get("RANK", "")
+    env["WORLD_SIZE"] = str(lc.world_size)
+    env["RANK"] = str(lc.logical_rank)
+    env[_contract.REWRITE_MARK_VAR] = _contract.rewrite_mark(env["WORLD_SIZE"], env["RANK"])
+    # A single process is device 0 of its node; torchrun's own values stay.
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", "29500")
+    return lc
+
+
+def _check_explicit(world_size, rank) -> None:
+    lc = _contract.resolve()
+    if world_size not in (None, -1) and int(world_size) != lc.world_size:
+        raise _contract.LaunchContractError(
+            f"init_process_group(world_size={world_size}) but NGPU={lc.world_size}: a fake world's "
+            f"process group spans the logical world; pass world_size=NGPU or leave it out")
+    if rank not in (None, -1) and int(rank) != lc.logical_rank:
+        raise _contract.LaunchContractError(
+            f"init_process_group(rank={rank}) but the launch contract makes this process logical "
+            f"rank {lc.logical_rank}; pass rank={lc.logical_rank} (os.environ['RANK']) or leave it out")
+
+
+def install() -> None:
+    """Route torch.distributed's process-group creation into the fake world (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    prepare_environment()
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from . import process_group as fake_pg
+
+    fake_pg.register()
+    for device in ("cpu", "cuda"):
+        c10d.Backend.default_device_backend_map[device] = fake_pg.BACKEND_NAME
+
+    original_init = c10d.init_process_group
+
+    @functools.wraps(original_init)
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                           store=None, group_name="", pg_options=None, device_id=None, **kwargs):
+        if str(backend or "").lower() == fake_pg.BACKEND_NAME and store is not None:
+            # fakegpu.fake.process_group.init_process_group itself, or a program that asks for
+            # this backend by name with its own store: the backend checks sizes and rank.
+            return original_init(backend, init_method, timeout, world_size, rank, store,
+                                 group_name, pg_options, device_id, **kwargs)
+        _check_explicit(world_size, rank)
+        fake_pg.init_process_group(timeout=timeout)
+
+    dist.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group
+
+    original_helper = c10d._new_process_group_helper
+
+    @functools.wraps(original_helper)
+    def new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                                 group_name, backend_options=None, timeout=None, pg_tag=None,
+                                 device_id=None, group_desc=None):
+        # In a fake world every communicator is fake, whatever backend the program names
+        # (the real pipeline transport of real_pp_fake_spmd is made inside the backend).
+        return original_helper(group_size, group_rank, global_ranks_in_group,
+                               c10d.Backend(fake_pg.BACKEND_NAME), store, group_name,
+                               backend_options=None, timeout=timeout, pg_tag=pg_tag,
+                               device_id=None, group_desc=group_desc)
+
+    c10d._new_process_group_helper = new_process_group_helper
+
+    if os.environ.get("FAKEGPU_MEMORY_CAPTURE_PATH"):
+        from . import memory
+
+        memory.install_global_hooks()
+
+    if not hasattr(dist, "set_timeout"):
+        # Newer torch has it (TorchTitan calls it after the first step); in a fake world
+        # nothing ever waits for a peer, so a timeout has nothing to bound.
+        def set_timeout(timeout, group=None) -> None:  # noqa: ARG001
+            return None
+
+        dist.set_timeout = set_timeout
