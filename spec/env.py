@@ -52,4 +52,6 @@ VARIABLES = [
     ('`FAKEGPU_FAKE_REPORT_TIMEOUT`', '600', 'shim (fake mode)', 'Seconds the report hook at exit may take (docs/fake-worlds.md).'),
     ('`FAKEGPU_PHYSICAL_RANKS`', '—', 'fake worlds (real-pipeline mode)', 'The logical ranks each physical process plays (set by fgpu; docs/fake-worlds.md).'),
     ('`FAKEGPU_PYTHON`', 'the interpreter that ran fgpu', 'fgpu, `build/fakegpu-coordinator`', "The Python that runs the coordinator and fakegpu's helpers."),
+    ('`FAKEGPU_FAKE_WORLD_ENTRY`', '`1`', 'fake worlds (startup hook)', "`0` stops the program's own `init_process_group()` from entering the fake world, and `WORLD_SIZE`/`RANK` from being rewritten to the logical world's (docs/fake-worlds.md)."),
+    ('`FAKEGPU_LAUNCH_WORLD_SIZE`, `FAKEGPU_LAUNCH_RANK`, `FAKEGPU_FAKE_WORLD_ENV`', '—', 'fake worlds (startup hook)', "Set by the startup hook, not by you: the launcher's own `WORLD_SIZE` and `RANK` (the physical processes) once the hook rewrote them to the logical world's, and a mark that the rewrite happened."),
 ]
