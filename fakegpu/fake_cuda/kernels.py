@@ -102,3 +102,57 @@ def register() -> None:
                          ("_scaled_dot_product_flash_attention_backward", flash_backward)):
         library.impl(name, kernel, "CPU")
     _library = library
+
+
+def patch_flex_attention() -> None:
+    """``flex_attention`` with gradients: torch has no CPU backward (its eager entry point
+    refuses CPU inputs that require grad, and inductor's CPU flex kernel is inference-only).
+    On fake devices it runs torch's unfused reference implementation, forward and backward,
+    also when the program wraps it in ``torch.compile`` (the fused GPU kernel computes the
+    same attention, rounded differently).  Patched on the module before the program imports
+    it, so ``from torch.nn.attention.flex_attention import flex_attention`` gets this one."""
+    import functools
+
+    try:
+        import torch.nn.attention.flex_attention as flex
+    except ImportError:  # a torch without FlexAttention
+        return
+    original_validate = flex._validate_device
+
+    @functools.wraps(original_validate)
+    def _validate_device(query, key, value):
+        if query.device.type == "cpu":
+            return  # fake-device tensors: the reference implementation runs them, grads too
+        original_validate(query, key, value)
+
+    flex._validate_device = _validate_device
+
+    original = flex.flex_attention
+    # Never inside the program's torch.compile: dynamo compiles a caller of this function up
+    # to the call and runs the call itself eagerly.
+    eager = torch._dynamo.disable(original)
+
+    @functools.wraps(original)
+    def flex_attention(*args, **kwargs):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+        from .memory import TrackingMode, _first_device
+
+        mode = _get_current_dispatch_mode()
+        if not isinstance(mode, TrackingMode):
+            return eager(*args, **kwargs)
+        # flex traces its score/mask functions with its own (eager-backend) torch.compile,
+        # which refuses to run under a user dispatch mode: the tracking mode steps aside for
+        # the forward and the outputs are charged to the inputs' device afterwards.
+        with _pop_mode_temporarily():
+            result = eager(*args, **kwargs)
+        device = _first_device(args, mode.memory._blocks)
+        if device is not None:
+            leaves = torch.utils._pytree.tree_leaves(result)
+            leaves += [getattr(leaf, "lse", None) for leaf in leaves]  # AuxOutput
+            mode.memory.charge_tensor([t for t in leaves if isinstance(t, torch.Tensor)], device)
+        return result
+
+    # torch.compile would compile the function __wrapped__ names instead of this one.
+    del flex_attention.__wrapped__
+    flex.flex_attention = flex_attention
