@@ -11,8 +11,8 @@
   devices (torch accepts them only for real accelerator modules); FSDP2 places the shards of
   a "cuda" mesh, and FSDP1 its flat parameters, on the CPU, as the port does;
 - DTensor's RNG tracker is off on "cuda" meshes, as it is on the CPU meshes of the port;
-- ``torch.distributed.set_timeout``, where this torch predates it, is its older name
-  ``_set_pg_timeout`` (torch renamed it, same semantics).
+- ``torch.distributed.set_timeout`` and pipeline ``step(arg_mbs=...)``, where this torch
+  predates them (``torch_compat``).
 """
 from __future__ import annotations
 
@@ -74,30 +74,13 @@ def install() -> None:
 
     FakeGpuProcessGroup._get_backend = _get_backend
 
-    _provide_set_timeout()
+    from . import torch_compat
+
+    torch_compat.install(skip_backend=BACKEND_NAME)
     _patch_ddp()
     _patch_dtensor_rng()
     _patch_fsdp2_device()
     _patch_fsdp1_device()
-
-
-def _provide_set_timeout() -> None:
-    """``torch.distributed.set_timeout(timeout, group=None)`` is the public name torch gave
-    ``_set_pg_timeout`` after 2.13; programs written for that torch call it after start-up.
-    Where this torch lacks it, it is the old function under the new name, except that a
-    group carried by the fakegpu backend has nothing to set: its waits are bounded by the
-    coordinator's timeout (FAKEGPU_COORDINATOR_TIMEOUT_MS), not by the group's."""
-    import torch.distributed as dist
-
-    if hasattr(dist, "set_timeout") or not hasattr(c10d, "_set_pg_timeout"):
-        return
-
-    def set_timeout(timeout, group=None) -> None:
-        if c10d.get_backend(group) == BACKEND_NAME:
-            return
-        c10d._set_pg_timeout(timeout, group)
-
-    dist.set_timeout = set_timeout
 
 
 def _patch_fsdp1_device() -> None:
