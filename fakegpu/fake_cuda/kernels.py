@@ -6,6 +6,8 @@ CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its o
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .memory import UnsupportedOnFakeCuda
@@ -134,25 +136,49 @@ def patch_flex_attention() -> None:
 
     @functools.wraps(original)
     def flex_attention(*args, **kwargs):
-        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+        from .memory import _first_device
 
-        from .memory import TrackingMode, _first_device
-
-        mode = _get_current_dispatch_mode()
-        if not isinstance(mode, TrackingMode):
-            return eager(*args, **kwargs)
-        # flex traces its score/mask functions with its own (eager-backend) torch.compile,
-        # which refuses to run under a user dispatch mode: the tracking mode steps aside for
-        # the forward and the outputs are charged to the inputs' device afterwards.
-        with _pop_mode_temporarily():
+        with _without_tracking_mode() as tracking:
             result = eager(*args, **kwargs)
-        device = _first_device(args, mode.memory._blocks)
-        if device is not None:
-            leaves = torch.utils._pytree.tree_leaves(result)
-            leaves += [getattr(leaf, "lse", None) for leaf in leaves]  # AuxOutput
-            mode.memory.charge_tensor([t for t in leaves if isinstance(t, torch.Tensor)], device)
+        if tracking is not None:
+            device = _first_device(args, tracking.memory._blocks)
+            if device is not None:
+                leaves = torch.utils._pytree.tree_leaves(result)
+                leaves += [getattr(leaf, "lse", None) for leaf in leaves]  # AuxOutput
+                tracking.memory.charge_tensor(
+                    [t for t in leaves if isinstance(t, torch.Tensor)], device)
         return result
 
     # torch.compile would compile the function __wrapped__ names instead of this one.
     del flex_attention.__wrapped__
     flex.flex_attention = flex_attention
+
+
+@contextlib.contextmanager
+def _without_tracking_mode():
+    """flex traces its score/mask functions with its own (eager-backend) torch.compile, which
+    refuses to run under a user dispatch mode other than torch's own: the memory-tracking
+    mode steps out of the stack for the call (modes above it, e.g. selective activation
+    checkpointing's, stay, as they are in the CPU port), and the caller charges the outputs.
+    Yields the tracking mode, or None when it is not on the stack."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+    from .memory import TrackingMode
+
+    stack = _get_current_dispatch_mode_stack()
+    position = next((i for i, mode in enumerate(stack) if isinstance(mode, TrackingMode)), None)
+    if position is None:
+        yield None
+        return
+    above = stack[position + 1:]
+    for _ in range(len(above) + 1):
+        _pop_mode()
+    for mode in above:
+        _push_mode(mode)
+    try:
+        yield stack[position]
+    finally:
+        for _ in above:
+            _pop_mode()
+        for mode in stack[position:]:
+            _push_mode(mode)

@@ -1,7 +1,8 @@
 """Paths programs written for newer torch / GPU-only features take (TorchTitan's among them),
 in a rank-like interpreter with fake CUDA devices; prints one JSON line of findings.
 
-- flex_attention with gradients on cuda tensors, called directly and through torch.compile;
+- flex_attention with gradients on cuda tensors, called directly, through torch.compile and
+  under selective activation checkpointing;
 - CUDA graph APIs (they must refuse in one fakegpu line, and stay classes where torch has one);
 - torch.distributed.set_timeout and pipeline step(arg_mbs=...) against step(whole batch).
 """
@@ -39,6 +40,23 @@ compiled = torch.compile(flex_attention)
 again = compiled(q, k, v, block_mask=mask)
 again.sum().backward()
 out["compiled_flex_equals_eager"] = bool(torch.equal(again, attn)) and all(
+    bool(torch.equal(t.grad, g)) for t, g in zip((q, k, v), grads))
+
+# flex under selective activation checkpointing (its caching dispatch mode sits on top of
+# fakegpu's tracking mode): same output and gradients as without checkpointing.
+import functools  # noqa: E402
+
+from torch.utils.checkpoint import (  # noqa: E402
+    CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts)
+
+for t in (q, k, v):
+    t.grad = None
+policy = lambda ctx, op, *a, **kw: CheckpointPolicy.PREFER_RECOMPUTE  # noqa: E731
+sac = checkpoint(lambda a, b, c: flex_attention(a, b, c, block_mask=mask), q, k, v,
+                 use_reentrant=False,
+                 context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+sac.sum().backward()
+out["flex_under_sac_equal"] = bool(torch.equal(sac, attn)) and all(
     bool(torch.equal(t.grad, g)) for t, g in zip((q, k, v), grads))
 
 # -- CUDA graphs

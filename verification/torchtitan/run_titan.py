@@ -15,8 +15,6 @@ reduction group has two ranks and within rtol 1e-5 otherwise; exit status 1 if n
 Why these options (see docs/fake-cuda.md, "TorchTitan"):
   --parallelism.spmd-backend partial_dtensor  the default (spmd_types) needs torch's nightly FSDP2
   --training.disable-cuda-graphs               CUDA graphs cannot be captured on fake devices
-  activation-checkpoint:none                   selective AC's dispatch mode stops flex attention's
-                                               own compile on the CPU (both sides alike)
   --hf-assets-path / --dataloader.dataset-path the wheel ships neither (assets.py makes them)
 """
 from __future__ import annotations
@@ -101,7 +99,7 @@ def read_tensorboard(dump: Path) -> Run:
 def run_side(side: str, config: Config, assets: Path, steps: int, work: Path, env: dict,
              timeout_s: float) -> Run:
     dump = work / config.name / side
-    options = titan_options(assets, steps, dump) + config.options + ["activation-checkpoint:none"]
+    options = titan_options(assets, steps, dump) + config.options
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(RANKS)]
     if side == "fake":
