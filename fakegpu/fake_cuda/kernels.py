@@ -157,28 +157,41 @@ def patch_flex_attention() -> None:
 @contextlib.contextmanager
 def _without_tracking_mode():
     """flex traces its score/mask functions with its own (eager-backend) torch.compile, which
-    refuses to run under a user dispatch mode other than torch's own: the memory-tracking
-    mode steps out of the stack for the call (modes above it, e.g. selective activation
-    checkpointing's, stay, as they are in the CPU port), and the caller charges the outputs.
-    Yields the tracking mode, or None when it is not on the stack."""
+    refuses to run under a user dispatch mode other than torch's own, and whose guards on the
+    torch-function mode stack would fail (recompiling on every call) as fakegpu's device
+    rewrite mode moves in that stack.  Both fakegpu modes step out of their stacks for the
+    call (modes above them, e.g. selective activation checkpointing's, stay, as in the CPU
+    port); the caller charges the outputs.  Yields the tracking mode, or None if not active."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
     from .memory import TrackingMode
+    from .runtime import DeviceRewriteMode
 
-    stack = _get_current_dispatch_mode_stack()
-    position = next((i for i, mode in enumerate(stack) if isinstance(mode, TrackingMode)), None)
+    with _out_of_stack(_get_current_dispatch_mode_stack(), TrackingMode,
+                       _pop_mode, _push_mode) as tracking, \
+            _out_of_stack(torch.overrides._get_current_function_mode_stack(), DeviceRewriteMode,
+                          torch._C._pop_torch_function_stack,
+                          torch._C._push_on_torch_function_stack):
+        yield tracking
+
+
+@contextlib.contextmanager
+def _out_of_stack(modes: list, kind: type, pop, push):
+    """Take the first mode of ``kind`` out of a mode stack (``modes``, bottom first) while the
+    block runs; yields it, or None when the stack has none."""
+    position = next((i for i, mode in enumerate(modes) if isinstance(mode, kind)), None)
     if position is None:
         yield None
         return
-    above = stack[position + 1:]
+    above = modes[position + 1:]
     for _ in range(len(above) + 1):
-        _pop_mode()
+        pop()
     for mode in above:
-        _push_mode(mode)
+        push(mode)
     try:
-        yield stack[position]
+        yield modes[position]
     finally:
         for _ in above:
-            _pop_mode()
-        for mode in stack[position:]:
-            _push_mode(mode)
+            pop()
+        for mode in modes[position:]:
+            push(mode)

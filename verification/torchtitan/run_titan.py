@@ -16,6 +16,9 @@ Why these options (see docs/fake-cuda.md, "TorchTitan"):
   --parallelism.spmd-backend partial_dtensor  the default (spmd_types) needs torch's nightly FSDP2
   --training.disable-cuda-graphs               CUDA graphs cannot be captured on fake devices
   --hf-assets-path / --dataloader.dataset-path the wheel ships neither (assets.py makes them)
+  activation-checkpoint:none                   (default here; --ac selective keeps the debug
+                                               config's selective AC: same losses, but flex
+                                               attention recompiles on every call under it)
 """
 from __future__ import annotations
 
@@ -97,9 +100,11 @@ def read_tensorboard(dump: Path) -> Run:
 
 
 def run_side(side: str, config: Config, assets: Path, steps: int, work: Path, env: dict,
-             timeout_s: float) -> Run:
+             timeout_s: float, ac: str) -> Run:
     dump = work / config.name / side
     options = titan_options(assets, steps, dump) + config.options
+    if ac == "none":
+        options.append("activation-checkpoint:none")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(RANKS)]
     if side == "fake":
@@ -143,6 +148,8 @@ def main(argv=None) -> int:
                         help="run only this configuration (repeatable)")
     parser.add_argument("--workdir", type=Path, help="keep logs and outputs here")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--ac", choices=["none", "selective"], default="none",
+                        help="activation checkpointing (selective: the debug config's own)")
     args = parser.parse_args(argv)
 
     env = dict(os.environ)
@@ -157,14 +164,15 @@ def main(argv=None) -> int:
     for config in CONFIGS:
         if args.only and config.name not in args.only:
             continue
-        fake = run_side("fake", config, assets, args.steps, work, env, args.timeout)
-        port = run_side("port", config, assets, args.steps, work, env, args.timeout)
+        fake = run_side("fake", config, assets, args.steps, work, env, args.timeout, args.ac)
+        port = run_side("port", config, assets, args.steps, work, env, args.timeout, args.ac)
         same = (equal(fake.losses, port.losses, config.two_rank_groups)
                 and equal(fake.grad_norms, port.grad_norms, config.two_rank_groups))
         ok &= same
         rows.append((config, fake, port, same))
 
-    print(f"\nTorchTitan llama3_debugmodel, seq 64, local batch 2, {RANKS} ranks (logs: {work})")
+    print(f"\nTorchTitan llama3_debugmodel, seq 64, local batch 2, {RANKS} ranks, "
+          f"activation checkpointing {args.ac} (logs: {work})")
     print("| config | ranks | steps | losses fake CUDA | losses CPU port | equal? | step fake | step port | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for config, fake, port, same in rows:
