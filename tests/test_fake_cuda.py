@@ -374,3 +374,51 @@ def test_nccl_spellings_become_the_fakegpu_backend_and_gloo_groups_stay(tmp_path
         assert got["gloo_backend"] == "gloo"
     data = json.loads(report.read_text())
     assert data["world_size"] == 2 and data["communicators"]   # the cuda traffic reached the coordinator
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths of programs written for newer torch and GPU-only features (TorchTitan's, among others)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_flex_attention_cuda_graphs_and_newer_distributed_apis_under_fake_cuda():
+    done = _run_probe("probe_newer_torch_paths.py", _rank_env(FAKEGPU_FAKE_CUDA="1"))
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # flex_attention with gradients: torch's reference implementation, eager or compiled,
+    # whose output is charged to the fake device like any other op's.
+    assert got["flex_forward_close"] and got["flex_grads_close"]
+    assert got["compiled_flex_equals_eager"] and got["flex_output_charged"]
+    assert got["flex_under_sac_equal"]
+    # CUDA graphs cannot be captured: one fakegpu line per API, CUDAGraph still a class.
+    for name, message in got["graph_refusals"].items():
+        assert message and message.startswith(f"fakegpu: torch.cuda.{name} needs CUDA graph capture")
+        assert "--mode hybrid" in message
+    assert got["cudagraph_is_class"] and got["capturing"] is False
+    # torch.distributed.set_timeout and step(arg_mbs=...) as the newer torch defines them:
+    # microbatches given pre-split train exactly as the whole batch split by step().
+    assert got["set_timeout_ok"] and got["step_arg_mbs_equal"] and len(got["step_losses"]) == 2
+
+
+HAS_TORCHTITAN = all(importlib.util.find_spec(m) is not None
+                     for m in ("torchtitan", "tensorboard", "tokenizers", "datasets"))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCHTITAN,
+                    reason="TorchTitan 0.3.0 (with tensorboard, tokenizers, datasets) is not "
+                           "installed; CI does not install it")
+def test_torchtitan_fsdp2_x_tp2_matches_its_cpu_port(tmp_path, shim_library):
+    # TorchTitan unmodified under fgpu, against verification/torchtitan/cpu_port.py; every
+    # reduction group of the 2 x 2 mesh has two ranks, so the driver demands bit for bit.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env["FAKEGPU_NCCL_LIBRARY"] = shim_library
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "verification" / "torchtitan" / "run_titan.py"),
+         "--steps", "2", "--only", "fsdp2_tp2", "--workdir", str(tmp_path), "--timeout", "600"],
+        env=env, capture_output=True, text=True, timeout=1300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    row = [line for line in done.stdout.splitlines() if line.startswith("| fsdp2_tp2 ")]
+    assert row and "yes (bit for bit)" in row[0], done.stdout

@@ -131,10 +131,9 @@ def install() -> None:
 
         memory.install_global_hooks()
 
-    if not hasattr(dist, "set_timeout"):
-        # Newer torch has it (TorchTitan calls it after the first step); in a fake world
-        # nothing ever waits for a peer, so a timeout has nothing to bound.
-        def set_timeout(timeout, group=None) -> None:  # noqa: ARG001
-            return None
+    # torch.distributed APIs newer than the installed torch (set_timeout, pipeline
+    # step(arg_mbs=)), the same ones fake CUDA devices give; a fake group has no timeout to set:
+    # in a fake world nothing waits for a peer.
+    from fakegpu.fake_cuda import torch_compat
 
-        dist.set_timeout = set_timeout
+    torch_compat.install(skip_backend=fake_pg.BACKEND_NAME)

@@ -10,7 +10,9 @@
 - DDP drops ``device_ids`` / ``output_device`` for a module whose parameters are on fake
   devices (torch accepts them only for real accelerator modules); FSDP2 places the shards of
   a "cuda" mesh, and FSDP1 its flat parameters, on the CPU, as the port does;
-- DTensor's RNG tracker is off on "cuda" meshes, as it is on the CPU meshes of the port.
+- DTensor's RNG tracker is off on "cuda" meshes, as it is on the CPU meshes of the port;
+- ``torch.distributed.set_timeout`` and pipeline ``step(arg_mbs=...)``, where this torch
+  predates them (``torch_compat``).
 """
 from __future__ import annotations
 
@@ -72,6 +74,9 @@ def install() -> None:
 
     FakeGpuProcessGroup._get_backend = _get_backend
 
+    from . import torch_compat
+
+    torch_compat.install(skip_backend=BACKEND_NAME)
     _patch_ddp()
     _patch_dtensor_rng()
     _patch_fsdp2_device()

@@ -6,6 +6,8 @@ CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its o
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .memory import UnsupportedOnFakeCuda
@@ -102,3 +104,94 @@ def register() -> None:
                          ("_scaled_dot_product_flash_attention_backward", flash_backward)):
         library.impl(name, kernel, "CPU")
     _library = library
+
+
+def patch_flex_attention() -> None:
+    """``flex_attention`` with gradients: torch has no CPU backward (its eager entry point
+    refuses CPU inputs that require grad, and inductor's CPU flex kernel is inference-only).
+    On fake devices it runs torch's unfused reference implementation, forward and backward,
+    also when the program wraps it in ``torch.compile`` (the fused GPU kernel computes the
+    same attention, rounded differently).  Patched on the module before the program imports
+    it, so ``from torch.nn.attention.flex_attention import flex_attention`` gets this one."""
+    import functools
+
+    try:
+        import torch.nn.attention.flex_attention as flex
+    except ImportError:  # a torch without FlexAttention
+        return
+    original_validate = flex._validate_device
+
+    @functools.wraps(original_validate)
+    def _validate_device(query, key, value):
+        if query.device.type == "cpu":
+            return  # fake-device tensors: the reference implementation runs them, grads too
+        original_validate(query, key, value)
+
+    flex._validate_device = _validate_device
+
+    original = flex.flex_attention
+    # Never inside the program's torch.compile: dynamo compiles a caller of this function up
+    # to the call and runs the call itself eagerly.
+    eager = torch._dynamo.disable(original)
+
+    @functools.wraps(original)
+    def flex_attention(*args, **kwargs):
+        from .memory import _first_device
+
+        with _without_tracking_mode() as tracking:
+            result = eager(*args, **kwargs)
+        if tracking is not None:
+            device = _first_device(args, tracking.memory._blocks)
+            if device is not None:
+                leaves = torch.utils._pytree.tree_leaves(result)
+                leaves += [getattr(leaf, "lse", None) for leaf in leaves]  # AuxOutput
+                tracking.memory.charge_tensor(
+                    [t for t in leaves if isinstance(t, torch.Tensor)], device)
+        return result
+
+    # torch.compile would compile the function __wrapped__ names instead of this one.
+    del flex_attention.__wrapped__
+    flex.flex_attention = flex_attention
+
+
+@contextlib.contextmanager
+def _without_tracking_mode():
+    """flex traces its score/mask functions with its own (eager-backend) torch.compile, which
+    refuses to run under a user dispatch mode other than torch's own, and whose guards on the
+    torch-function mode stack would fail (recompiling on every call) as fakegpu's device
+    rewrite mode moves in that stack.  Both fakegpu modes step out of their stacks for the
+    call (modes above them, e.g. selective activation checkpointing's, stay, as in the CPU
+    port); the caller charges the outputs.  Yields the tracking mode, or None if not active."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+    from .memory import TrackingMode
+    from .runtime import DeviceRewriteMode
+
+    with _out_of_stack(_get_current_dispatch_mode_stack(), TrackingMode,
+                       _pop_mode, _push_mode) as tracking, \
+            _out_of_stack(torch.overrides._get_current_function_mode_stack(), DeviceRewriteMode,
+                          torch._C._pop_torch_function_stack,
+                          torch._C._push_on_torch_function_stack):
+        yield tracking
+
+
+@contextlib.contextmanager
+def _out_of_stack(modes: list, kind: type, pop, push):
+    """Take the first mode of ``kind`` out of a mode stack (``modes``, bottom first) while the
+    block runs; yields it, or None when the stack has none."""
+    position = next((i for i, mode in enumerate(modes) if isinstance(mode, kind)), None)
+    if position is None:
+        yield None
+        return
+    above = modes[position + 1:]
+    for _ in range(len(above) + 1):
+        pop()
+    for mode in above:
+        push(mode)
+    try:
+        yield modes[position]
+    finally:
+        for _ in above:
+            pop()
+        for mode in modes[position:]:
+            push(mode)

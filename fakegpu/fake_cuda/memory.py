@@ -159,6 +159,11 @@ def unsupported_message(op_name: str) -> str:
 class TrackingMode(TorchDispatchMode):
     """Charges new storages to fake devices; turns 'no CPU kernel' into one clear line."""
 
+    # Higher-order operators (flex_attention, the checkpoint and control-flow ops) come here
+    # too and run with this mode popped, as torch runs them without modes: their outputs are
+    # charged, their internal temporaries are not (as for another subclass's dispatch).
+    supports_higher_order_operators = True
+
     def __init__(self, memory: DeviceMemory):
         super().__init__()
         self.memory = memory
