@@ -74,6 +74,7 @@ def install() -> None:
 
     _patch_ddp()
     _patch_dtensor_rng()
+    _patch_dtensor_meta()
     _patch_fsdp2_device()
     _patch_fsdp1_device()
 
@@ -142,6 +143,28 @@ def _patch_ddp() -> None:
         original_init(self, module, device_ids, output_device, *args, **kwargs)
 
     DDP.__init__ = __init__
+
+
+def _patch_dtensor_meta() -> None:
+    """DTensor's sharding propagation builds fake tensors on the mesh's device type, below the
+    device-rewrite mode; a "cuda" mesh's are built on the CPU, the port's (random ops such as
+    ``uniform_`` on a sharded parameter otherwise need a CUDA device guard)."""
+    try:
+        from torch.distributed.tensor import _op_schema
+    except ImportError:
+        return
+    original = getattr(_op_schema, "_rebuild_tensor_from_dtensor_meta", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _rebuild_tensor_from_dtensor_meta(arg):
+        if arg.mesh.device_type != "cuda" or arg.tensor_meta is None:
+            return original(arg)
+        meta = arg.tensor_meta
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
+
+    _op_schema._rebuild_tensor_from_dtensor_meta = _rebuild_tensor_from_dtensor_meta
 
 
 def _patch_dtensor_rng() -> None:

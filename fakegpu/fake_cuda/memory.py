@@ -156,23 +156,42 @@ def unsupported_message(op_name: str) -> str:
             "(torch.library.register_kernel(..., 'cpu'))")
 
 
+def _returns_only_aliases(func) -> bool:
+    """Every output of ``func`` aliases an input (views, in-place and ``out=`` ops): such an
+    op never creates a storage, so the tracking mode has nothing to charge."""
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None for r in returns)
+
+
 class TrackingMode(TorchDispatchMode):
-    """Charges new storages to fake devices; turns 'no CPU kernel' into one clear line."""
+    """Charges new storages to fake devices; turns 'no CPU kernel' into one clear line.
+
+    It sits on every aten op, so its path is kept short: ops whose outputs all alias their
+    inputs are recognised once per overload and returned at once."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disable frame by default: a few
+        # microseconds on every op.  This mode does not run under torch.compile's tracing.
+        return False
 
     def __init__(self, memory: DeviceMemory):
         super().__init__()
         self.memory = memory
+        self._aliasing: dict = {}   # OpOverload -> its outputs only alias inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         target = None
-        device = kwargs.get("device")
-        if device is not None and device.type == "cuda":
-            # A cuda device that reached aten without passing the Python API's rewrite (code
-            # running under DisableTorchFunction, C++ callers): the CPU all the same.
-            target = device.index if device.index is not None else _current_device()
-            kwargs = dict(kwargs)
-            kwargs["device"] = _CPU
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and device.type == "cuda":
+                # A cuda device that reached aten without passing the Python API's rewrite (code
+                # running under DisableTorchFunction, C++ callers): the CPU all the same.
+                target = device.index if device.index is not None else _current_device()
+                kwargs = dict(kwargs)
+                kwargs["device"] = _CPU
+        else:
+            kwargs = {}
         try:
             out = func(*args, **kwargs)
         except NotImplementedError as exc:
@@ -180,7 +199,12 @@ class TrackingMode(TorchDispatchMode):
             if "with arguments from the 'CPU' backend" in text or "with arguments from the 'CPU'" in text:
                 raise UnsupportedOnFakeCuda(unsupported_message(func.name())) from None
             raise
-        device = current_target() if target is None else target
+        aliasing = self._aliasing.get(func)
+        if aliasing is None:
+            aliasing = self._aliasing[func] = _returns_only_aliases(func)
+        if aliasing:
+            return out
+        device = getattr(_tls, "target", None) if target is None else target
         blocks = self.memory._blocks
         if device is None:
             device = _first_device(args, blocks)
