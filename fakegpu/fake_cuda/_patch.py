@@ -9,6 +9,7 @@ import torch
 
 from . import runtime as rt
 from .memory import TrackingMode, UnsupportedOnFakeCuda
+from .memory import support_higher_order_ops as memory_support_higher_order_ops
 
 _CUDA_FUNCTIONS = {
     "is_available": lambda: True,
@@ -95,7 +96,7 @@ def _accelerator_functions() -> dict:
     def get_memory_info(device=None, /):
         return rt.mem_get_info(device)
 
-    return {
+    return {name: _distinct(function) for name, function in {
         "is_available": lambda: True,
         "device_count": rt.device_count,
         "current_accelerator": current_accelerator,
@@ -117,7 +118,31 @@ def _accelerator_functions() -> dict:
         "reset_peak_memory_stats": rt.reset_peak_memory_stats,
         "reset_accumulated_memory_stats": rt.reset_accumulated_memory_stats,
         "get_memory_info": get_memory_info,
-    }
+    }.items()}
+
+
+def _one_object_per_name(functions: dict) -> dict:
+    """Names that share one implementation (``manual_seed`` / ``manual_seed_all``, ...) get
+    function objects of their own, as in torch (see :func:`_distinct`)."""
+    seen: set = set()
+    out = {}
+    for name, function in functions.items():
+        out[name] = _distinct(function) if id(function) in seen else function
+        seen.add(id(function))
+    return out
+
+
+def _distinct(function):
+    """A function object of its own for ``torch.accelerator``: torch.compile keys handlers
+    by function object and refuses a second one for the same object (``torch.cuda``'s)."""
+    if isinstance(function, type):
+        return function
+
+    @functools.wraps(function)
+    def accelerator_function(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    return accelerator_function
 
 
 def _set_all(module, names: dict) -> None:
@@ -283,10 +308,11 @@ def install() -> None:
     import torch.cuda.random
     import torch.cuda.streams
 
-    _set_all(torch.cuda, _CUDA_FUNCTIONS)
-    _set_all(torch.cuda.memory, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.memory, k)})
+    cuda_functions = _one_object_per_name(_CUDA_FUNCTIONS)
+    _set_all(torch.cuda, cuda_functions)
+    _set_all(torch.cuda.memory, {k: v for k, v in cuda_functions.items() if hasattr(torch.cuda.memory, k)})
     _set_all(torch.cuda.memory, _MEMORY_MODULE_EXTRA)
-    _set_all(torch.cuda.random, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.random, k)})
+    _set_all(torch.cuda.random, {k: v for k, v in cuda_functions.items() if hasattr(torch.cuda.random, k)})
     _set_all(torch.cuda.streams, {"Stream": rt.Stream, "ExternalStream": rt.ExternalStream, "Event": rt.Event})
     torch.cuda.default_generators = tuple(torch.default_generator for _ in range(rt.device_count()))
     _patch_nvtx()
@@ -309,6 +335,7 @@ def install() -> None:
     from . import kernels
 
     kernels.register()
+    memory_support_higher_order_ops()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -169,12 +169,6 @@ class TrackingMode(TorchDispatchMode):
     It sits on every aten op, so its path is kept short: ops whose outputs all alias their
     inputs are recognised once per overload and returned at once."""
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in a dynamo-disable frame by default: a few
-        # microseconds on every op.  This mode does not run under torch.compile's tracing.
-        return False
-
     def __init__(self, memory: DeviceMemory):
         super().__init__()
         self.memory = memory
@@ -204,6 +198,11 @@ class TrackingMode(TorchDispatchMode):
             aliasing = self._aliasing[func] = _returns_only_aliases(func)
         if aliasing:
             return out
+        return self.charge_outputs(out, args, kwargs, target)
+
+    def charge_outputs(self, out, args, kwargs, target=None):
+        """Charge the new storages of ``out`` to ``target``, else to the device the placement
+        context names, else to the first input's."""
         device = getattr(_tls, "target", None) if target is None else target
         blocks = self.memory._blocks
         if device is None:
@@ -224,6 +223,26 @@ class TrackingMode(TorchDispatchMode):
             if id(storage) not in blocks:
                 self.memory.charge(storage, device)
         return out
+
+
+def support_higher_order_ops(mode_class=None) -> None:
+    """Higher-order operators (``flex_attention`` and its backward) need a rule per dispatch
+    mode: run them below the tracking mode and charge their outputs like an op's."""
+    mode_class = mode_class or TrackingMode
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
+    except ImportError:
+        return
+    for hop in (flex_attention, flex_attention_backward):
+        if mode_class in hop.python_key_table:
+            continue
+
+        def run(mode, *args, _hop=hop, **kwargs):
+            # torch has already taken the mode off the stack while this runs.
+            return mode.charge_outputs(_hop(*args, **kwargs), args, kwargs)
+
+        # flex_attention's eager path calls the operator inside torch.compile: not traced.
+        hop.py_impl(mode_class)(torch._disable_dynamo(run, recursive=True))
 
 
 def _first_device(values, blocks) -> Optional[int]:

@@ -115,7 +115,8 @@ PROGRAMS = [
                "utils.py": "fbdea94a375628a7576e2a607abcef22d7cea7f1"},
         script="example.py", args=[],
         port={"example.py": [
-            ("    return has_gpu and gpu_count >= min_gpus", "    return True")]},
+            ("    return has_gpu and gpu_count >= min_gpus", "    return True"),
+            ("init_process_group(backend=backend, device_id=device)", "init_process_group(backend=backend)")]},
         two_rank_groups=False),
     Program(
         name="tensor_parallel_example.py", parallelism="TP (cuda mesh)",
