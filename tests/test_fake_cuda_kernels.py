@@ -66,3 +66,16 @@ def test_flash_dropout_is_refused_in_one_line(probe):
 def test_integer_devices_are_fake_cuda_devices(probe):
     # Module.to(1) and device=1 mean cuda:1; the tensors are CPU tensors charged to device 1.
     assert probe["int_devices"] == ["cpu", "cpu", True]
+
+
+def test_without_memory_tracking_an_op_without_cpu_kernel_still_fails_in_one_line():
+    # FAKEGPU_FAKE_CUDA_MEMORY=0 leaves out the per-op tracking mode; the message is the same.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
+               FAKEGPU_FAKE_CUDA_MEMORY="0")
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fake_cuda" / "probe_unsupported_op.py")],
+                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("fakegpu: fgpu_probe::cuda_only has no CPU implementation")

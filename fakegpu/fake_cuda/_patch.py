@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
 
 import torch
 
 from . import runtime as rt
-from .memory import TrackingMode, UnsupportedOnFakeCuda
+from .memory import TrackingMode, UnsupportedOnFakeCuda, unsupported_message
 from .memory import support_higher_order_ops as memory_support_higher_order_ops
 
 _CUDA_FUNCTIONS = {
@@ -242,9 +244,17 @@ def _excepthook_for_unsupported() -> None:
         if isinstance(value, UnsupportedOnFakeCuda):
             print(str(value), file=sys.stderr)
             return
+        # Without the tracking mode (FAKEGPU_FAKE_CUDA_MEMORY=0) torch's own error arrives.
+        match = _NO_CPU_KERNEL.search(str(value)) if isinstance(value, NotImplementedError) else None
+        if match:
+            print(unsupported_message(match.group(1)), file=sys.stderr)
+            return
         previous(kind, value, tb)
 
     sys.excepthook = hook
+
+
+_NO_CPU_KERNEL = re.compile(r"Could not run '([^']+)' with arguments from the 'CPU' backend")
 
 
 def _patch_generator() -> None:
@@ -300,6 +310,7 @@ def _modes_in_new_threads() -> None:
 
 
 _modes: list = []
+MEMORY_ENV = "FAKEGPU_FAKE_CUDA_MEMORY"
 
 
 def install() -> None:
@@ -344,10 +355,14 @@ def install() -> None:
 
     distributed.install()
 
-    # Last: from here on every torch call sees the modes.
-    tracking = TrackingMode(rt.state().memory)
+    # Last: from here on every torch call sees the modes.  The tracking mode (per-device
+    # memory accounting) costs a Python call on every aten op; FAKEGPU_FAKE_CUDA_MEMORY=0
+    # leaves it out for speed, and the memory API then reports nothing allocated.
+    if os.environ.get(MEMORY_ENV, "1").strip().lower() not in ("0", "false", "no", "off"):
+        tracking = TrackingMode(rt.state().memory)
+        tracking.__enter__()
+        _modes.append(tracking)
     rewrite = rt.DeviceRewriteMode()
-    tracking.__enter__()
     rewrite.__enter__()
-    _modes.extend([tracking, rewrite])
+    _modes.append(rewrite)
     _modes_in_new_threads()

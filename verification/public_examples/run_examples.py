@@ -261,6 +261,8 @@ def compare(fake: list, port: list, exact: bool) -> tuple[bool, str]:
     for rank, (f, p) in enumerate(zip(fake, port)):
         if f is None or p is None:
             return False, f"rank {rank} recorded nothing"
+        if not f["params"] or not f["losses"]:
+            return False, f"rank {rank}: no losses or parameters recorded"
         if len(f["losses"]) != len(p["losses"]) or len(f["params"]) != len(p["params"]):
             return False, f"rank {rank}: {len(f['losses'])} vs {len(p['losses'])} losses"
         fl, pl = torch.tensor(f["losses"], dtype=torch.float64), torch.tensor(p["losses"], dtype=torch.float64)

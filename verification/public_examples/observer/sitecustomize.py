@@ -26,7 +26,6 @@ if _OUT and os.environ.get("RANK") is not None:
     import atexit
     import threading
     import time
-    import weakref
 
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -57,8 +56,9 @@ if _OUT and os.environ.get("RANK") is not None:
 
     def _after_step(optimizer, args, kwargs):  # noqa: ARG001
         _step_ends.append(time.perf_counter())
-        if not any(ref() is optimizer for ref in _optimizers):
-            _optimizers.append(weakref.ref(optimizer))
+        # Held to the end: a trainer object may be gone by exit time, its parameters are not.
+        if not any(seen is optimizer for seen in _optimizers):
+            _optimizers.append(optimizer)
 
     register_optimizer_step_post_hook(_after_step)
 
@@ -69,10 +69,7 @@ if _OUT and os.environ.get("RANK") is not None:
 
     def _dump():
         params = []
-        for ref in _optimizers:
-            optimizer = ref()
-            if optimizer is None:
-                continue
+        for optimizer in _optimizers:
             for group in optimizer.param_groups:
                 params.extend(_local(p) for p in group["params"])
         os.makedirs(_OUT, exist_ok=True)
