@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shutil
 import statistics
@@ -271,14 +272,30 @@ def compare(fake: list, port: list, exact: bool) -> tuple[bool, str]:
             if a.shape != b.shape or a.dtype != b.dtype:
                 return False, f"rank {rank}: shape/dtype {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
             if exact:
-                if not torch.equal(a, b):
-                    return False, f"rank {rank}: not bit for bit (max diff {(a - b).abs().max():.3g})"
-            elif not torch.allclose(a, b, rtol=1e-5, atol=0):
-                return False, f"rank {rank}: beyond rtol 1e-5 (max diff {(a - b).abs().max():.3g})"
-    identical = all(torch.equal(a, b) for f, p in zip(fake, port)
-                    for a, b in zip(f["params"], p["params"])) and \
-        all(f["losses"] == p["losses"] for f, p in zip(fake, port))
-    return True, "bit for bit" if identical else "rtol 1e-5"
+                if not _same(a, b):
+                    return False, f"rank {rank}: not bit for bit (max diff {_max_diff(a, b):.3g})"
+            elif not torch.allclose(a, b, rtol=1e-5, atol=0, equal_nan=True):
+                return False, f"rank {rank}: beyond rtol 1e-5 (max diff {_max_diff(a, b):.3g})"
+    identical = all(_same(a, b) for f, p in zip(fake, port) for a, b in zip(f["params"], p["params"])) \
+        and all(_same(torch.tensor(f["losses"]), torch.tensor(p["losses"])) for f, p in zip(fake, port))
+    verdict = "bit for bit" if identical else "rtol 1e-5"
+    if any(math.isnan(x) for f in fake for x in f["losses"]):
+        verdict += " (NaN losses in both runs)"
+    return True, verdict
+
+
+def _same(a, b) -> bool:
+    """Bit for bit, NaN where the other has NaN (a script that computes NaN computes it twice)."""
+    import torch
+
+    if a.is_floating_point():
+        nan = torch.isnan(a)
+        return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan])
+    return torch.equal(a, b)
+
+
+def _max_diff(a, b) -> float:
+    return float((a.double() - b.double()).nan_to_num(nan=0.0).abs().max())
 
 
 def main(argv=None) -> int:
