@@ -182,6 +182,14 @@ PROGRAMS = [
 ]
 
 
+def set_nproc(count: int) -> None:
+    global NPROC
+    NPROC = count
+    for program in PROGRAMS:   # ddp/example.py is told the local world size
+        program.args = [str(count) if program.args[i - 1:i] == ["--local_world_size"] else arg
+                        for i, arg in enumerate(program.args)]
+
+
 def fetch(source: Path, program: Program) -> None:
     for name, commit in program.files.items():
         target = source / program.directory / name
@@ -305,7 +313,10 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", help="names (substrings) of the programs to run")
     parser.add_argument("--keep", type=Path, help="keep the working directories here")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--nproc", type=int, default=NPROC,
+                        help="ranks (and fake devices) per run; the target configuration is 4")
     args = parser.parse_args(argv)
+    set_nproc(args.nproc)
     chosen = [p for p in PROGRAMS if not args.only or any(s in p.name for s in args.only)]
     root = Path(args.keep or tempfile.mkdtemp(prefix="fakegpu-examples-"))
     rows, failed = [], False
