@@ -71,12 +71,43 @@ def install() -> None:
         return original_get_backend(self, "cpu" if device_type == "cuda" else device)
 
     FakeGpuProcessGroup._get_backend = _get_backend
+    _collectives_below_the_modes()
 
     _patch_ddp()
     _patch_dtensor_rng()
     _patch_dtensor_meta()
     _patch_fsdp2_device()
     _patch_fsdp1_device()
+
+
+_COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
+                "allgather_coalesced", "_allgather_base", "allgather_into_tensor_coalesced",
+                "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+                "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
+                "alltoall_base", "alltoall", "gather", "scatter", "barrier", "send", "recv",
+                "recv_anysource")
+
+
+def _collectives_below_the_modes() -> None:
+    """The fakegpu backend's collectives run with the device-rewrite and tracking modes off.
+
+    Its staging copies are the communication library's business, which a CUDA caching
+    allocator never sees either, and every torch call it makes would otherwise pay the two
+    modes' Python cost (a large share of a small model's step)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    for name in _COLLECTIVES:
+        method = FakeGpuProcessGroup.__dict__.get(name)
+        if method is None or getattr(method, "_below_modes", False):
+            continue
+
+        @functools.wraps(method)
+        def run(self, *args, _method=method, **kwargs):
+            with torch._C.DisableTorchFunction(), _disable_current_modes():
+                return _method(self, *args, **kwargs)
+
+        run._below_modes = True
+        setattr(FakeGpuProcessGroup, name, run)
 
 
 def _patch_fsdp1_device() -> None:
