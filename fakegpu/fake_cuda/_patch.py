@@ -11,7 +11,6 @@ import torch
 
 from . import runtime as rt
 from .memory import TrackingMode, UnsupportedOnFakeCuda, unsupported_message
-from .memory import support_higher_order_ops as memory_support_higher_order_ops
 
 _CUDA_FUNCTIONS = {
     "is_available": lambda: True,
@@ -346,7 +345,6 @@ def install() -> None:
     from . import kernels
 
     kernels.register()
-    memory_support_higher_order_ops()
     _patch_autocast()
     _patch_storage_resize()
     _excepthook_for_unsupported()

@@ -159,7 +159,10 @@ def unsupported_message(op_name: str) -> str:
 def _returns_only_aliases(func) -> bool:
     """Every output of ``func`` aliases an input (views, in-place and ``out=`` ops): such an
     op never creates a storage, so the tracking mode has nothing to charge."""
-    returns = func._schema.returns
+    schema = getattr(func, "_schema", None)   # higher-order operators have none
+    if schema is None:
+        return False
+    returns = schema.returns
     return bool(returns) and all(r.alias_info is not None for r in returns)
 
 
@@ -223,26 +226,6 @@ class TrackingMode(TorchDispatchMode):
             if id(storage) not in blocks:
                 self.memory.charge(storage, device)
         return out
-
-
-def support_higher_order_ops(mode_class=None) -> None:
-    """Higher-order operators (``flex_attention`` and its backward) need a rule per dispatch
-    mode: run them below the tracking mode and charge their outputs like an op's."""
-    mode_class = mode_class or TrackingMode
-    try:
-        from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
-    except ImportError:
-        return
-    for hop in (flex_attention, flex_attention_backward):
-        if mode_class in hop.python_key_table:
-            continue
-
-        def run(mode, *args, _hop=hop, **kwargs):
-            # torch has already taken the mode off the stack while this runs.
-            return mode.charge_outputs(_hop(*args, **kwargs), args, kwargs)
-
-        # flex_attention's eager path calls the operator inside torch.compile: not traced.
-        hop.py_impl(mode_class)(torch._disable_dynamo(run, recursive=True))
 
 
 def _first_device(values, blocks) -> Optional[int]:
