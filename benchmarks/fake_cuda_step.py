@@ -50,7 +50,14 @@ def worker(args) -> int:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     torch.manual_seed(1 + dist.get_rank())
     times, losses = [], []
+    profiler = None
+    if args.profile and dist.get_rank() == 0:
+        import cProfile
+
+        profiler = cProfile.Profile()
     for step in range(args.warmup + args.steps):
+        if profiler is not None and step == args.warmup:
+            profiler.enable()
         x = torch.randn(args.batch, args.width, device=device)
         y = torch.randint(0, 10, (args.batch,), device=device)
         start = time.perf_counter()
@@ -63,6 +70,9 @@ def worker(args) -> int:
         losses.append(loss.item())
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{args.profile}.{args.variant}.pstats")
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"times": times, "losses": losses}))
     dist.destroy_process_group()
@@ -76,6 +86,8 @@ def run_variant(args, variant: str, workdir: Path) -> dict:
     if os.environ.get("FAKEGPU_NCCL_LIBRARY"):
         env["FAKEGPU_NCCL_LIBRARY"] = os.environ["FAKEGPU_NCCL_LIBRARY"]
     env["FAKEGPU_FAKE_CUDA"] = "1" if variant == "gpu" else "0"
+    if args.no_memory_tracking:
+        env["FAKEGPU_FAKE_CUDA_MEMORY"] = "0"
     env["OMP_NUM_THREADS"] = str(args.threads)
     command = [sys.executable, "-m", "fakegpu", "run", "-q", "--device-count", str(args.nproc),
                "--report", str(workdir / f"{variant}-report.json"), "--",
@@ -83,6 +95,8 @@ def run_variant(args, variant: str, workdir: Path) -> dict:
                "--nproc-per-node", str(args.nproc), __file__, "--worker", "--variant", variant,
                "--out", str(out), "--width", str(args.width), "--depth", str(args.depth),
                "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.profile:
+        command += ["--profile", str(Path(args.profile).resolve())]
     done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True,
                           timeout=args.timeout, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
@@ -105,6 +119,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="alternate gpu/port runs this many times")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--no-memory-tracking", action="store_true",
+                        help="run the fake-CUDA variant with FAKEGPU_FAKE_CUDA_MEMORY=0")
+    parser.add_argument("--profile", help="cProfile rank 0's timed steps into PROFILE.<variant>.pstats "
+                        "(the figures then include the profiler's own cost)")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)

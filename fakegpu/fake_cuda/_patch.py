@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
 
 import torch
 
 from . import runtime as rt
-from .memory import TrackingMode, UnsupportedOnFakeCuda
+from .memory import TrackingMode, UnsupportedOnFakeCuda, unsupported_message
 
 _CUDA_FUNCTIONS = {
     "is_available": lambda: True,
@@ -95,7 +97,7 @@ def _accelerator_functions() -> dict:
     def get_memory_info(device=None, /):
         return rt.mem_get_info(device)
 
-    return {
+    return {name: _distinct(function) for name, function in {
         "is_available": lambda: True,
         "device_count": rt.device_count,
         "current_accelerator": current_accelerator,
@@ -117,7 +119,31 @@ def _accelerator_functions() -> dict:
         "reset_peak_memory_stats": rt.reset_peak_memory_stats,
         "reset_accumulated_memory_stats": rt.reset_accumulated_memory_stats,
         "get_memory_info": get_memory_info,
-    }
+    }.items()}
+
+
+def _one_object_per_name(functions: dict) -> dict:
+    """Names that share one implementation (``manual_seed`` / ``manual_seed_all``, ...) get
+    function objects of their own, as in torch (see :func:`_distinct`)."""
+    seen: set = set()
+    out = {}
+    for name, function in functions.items():
+        out[name] = _distinct(function) if id(function) in seen else function
+        seen.add(id(function))
+    return out
+
+
+def _distinct(function):
+    """A function object of its own for ``torch.accelerator``: torch.compile keys handlers
+    by function object and refuses a second one for the same object (``torch.cuda``'s)."""
+    if isinstance(function, type):
+        return function
+
+    @functools.wraps(function)
+    def accelerator_function(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    return accelerator_function
 
 
 def _set_all(module, names: dict) -> None:
@@ -250,9 +276,17 @@ def _excepthook_for_unsupported() -> None:
         if isinstance(value, UnsupportedOnFakeCuda):
             print(str(value), file=sys.stderr)
             return
+        # Without the tracking mode (FAKEGPU_FAKE_CUDA_MEMORY=0) torch's own error arrives.
+        match = _NO_CPU_KERNEL.search(str(value)) if isinstance(value, NotImplementedError) else None
+        if match:
+            print(unsupported_message(match.group(1)), file=sys.stderr)
+            return
         previous(kind, value, tb)
 
     sys.excepthook = hook
+
+
+_NO_CPU_KERNEL = re.compile(r"Could not run '([^']+)' with arguments from the 'CPU' backend")
 
 
 def _patch_generator() -> None:
@@ -308,6 +342,7 @@ def _modes_in_new_threads() -> None:
 
 
 _modes: list = []
+MEMORY_ENV = "FAKEGPU_FAKE_CUDA_MEMORY"
 
 
 def install() -> None:
@@ -316,10 +351,11 @@ def install() -> None:
     import torch.cuda.random
     import torch.cuda.streams
 
-    _set_all(torch.cuda, _CUDA_FUNCTIONS)
-    _set_all(torch.cuda.memory, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.memory, k)})
+    cuda_functions = _one_object_per_name(_CUDA_FUNCTIONS)
+    _set_all(torch.cuda, cuda_functions)
+    _set_all(torch.cuda.memory, {k: v for k, v in cuda_functions.items() if hasattr(torch.cuda.memory, k)})
     _set_all(torch.cuda.memory, _MEMORY_MODULE_EXTRA)
-    _set_all(torch.cuda.random, {k: v for k, v in _CUDA_FUNCTIONS.items() if hasattr(torch.cuda.random, k)})
+    _set_all(torch.cuda.random, {k: v for k, v in cuda_functions.items() if hasattr(torch.cuda.random, k)})
     _set_all(torch.cuda.streams, {"Stream": rt.Stream, "ExternalStream": rt.ExternalStream, "Event": rt.Event})
     torch.cuda.default_generators = tuple(torch.default_generator for _ in range(rt.device_count()))
     _patch_nvtx()
@@ -352,10 +388,14 @@ def install() -> None:
 
     distributed.install()
 
-    # Last: from here on every torch call sees the modes.
-    tracking = TrackingMode(rt.state().memory)
+    # Last: from here on every torch call sees the modes.  The tracking mode (per-device
+    # memory accounting) costs a Python call on every aten op; FAKEGPU_FAKE_CUDA_MEMORY=0
+    # leaves it out for speed, and the memory API then reports nothing allocated.
+    if os.environ.get(MEMORY_ENV, "1").strip().lower() not in ("0", "false", "no", "off"):
+        tracking = TrackingMode(rt.state().memory)
+        tracking.__enter__()
+        _modes.append(tracking)
     rewrite = rt.DeviceRewriteMode()
-    tracking.__enter__()
     rewrite.__enter__()
-    _modes.extend([tracking, rewrite])
+    _modes.append(rewrite)
     _modes_in_new_threads()

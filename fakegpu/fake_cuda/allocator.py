@@ -122,17 +122,27 @@ class _StatSet:
         self._all = self.by_pool["all"]
 
     def add(self, pool: str, amount: int) -> None:
-        for stat in (self._all, self.by_pool[pool]):   # inlined _Stat.add: this runs per op
-            current = stat.current + amount
-            stat.current = current
-            stat.allocated += amount
-            if current > stat.peak:
-                stat.peak = current
+        # _Stat.add inlined and unrolled for the aggregate and the pool: this runs per op.
+        stat = self._all
+        current = stat.current + amount
+        stat.current = current
+        stat.allocated += amount
+        if current > stat.peak:
+            stat.peak = current
+        stat = self.by_pool[pool]
+        current = stat.current + amount
+        stat.current = current
+        stat.allocated += amount
+        if current > stat.peak:
+            stat.peak = current
 
     def sub(self, pool: str, amount: int) -> None:
-        for stat in (self._all, self.by_pool[pool]):
-            stat.current -= amount
-            stat.freed += amount
+        stat = self._all
+        stat.current -= amount
+        stat.freed += amount
+        stat = self.by_pool[pool]
+        stat.current -= amount
+        stat.freed += amount
 
 
 class OutOfMemory(Exception):
@@ -155,6 +165,13 @@ class CachingAllocatorModel:
         self._free: dict[str, list[tuple[int, int]]] = {p: [] for p in _POOLS}
         self._free_blocks: dict[int, Block] = {}
         self.stats = {name: _StatSet() for name in _STAT_NAMES}
+        # With one stream and no frees deferred behind other streams' work, a block is active
+        # exactly while it is allocated: the "active" stats are the "allocation" ones.
+        self.stats["active"] = self.stats["allocation"]
+        self.stats["active_bytes"] = self.stats["allocated_bytes"]
+        self._allocation = self.stats["allocation"]
+        self._allocated_bytes = self.stats["allocated_bytes"]
+        self._requested_bytes = self.stats["requested_bytes"]
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
@@ -199,10 +216,9 @@ class CachingAllocatorModel:
             self.stats["inactive_split_bytes"].add(pool, rest.size)
         block.allocated = True
         block.requested = int(nbytes)
-        for name, amount in (("allocation", 1), ("allocated_bytes", block.size),
-                             ("active", 1), ("active_bytes", block.size),
-                             ("requested_bytes", block.requested)):
-            self.stats[name].add(pool, amount)
+        self._allocation.add(pool, 1)
+        self._allocated_bytes.add(pool, block.size)
+        self._requested_bytes.add(pool, block.requested)
         return block
 
     @staticmethod
@@ -251,10 +267,9 @@ class CachingAllocatorModel:
         if not block.allocated:
             return
         pool = block.segment.pool
-        for name, amount in (("allocation", 1), ("allocated_bytes", block.size),
-                             ("active", 1), ("active_bytes", block.size),
-                             ("requested_bytes", block.requested)):
-            self.stats[name].sub(pool, amount)
+        self._allocation.sub(pool, 1)
+        self._allocated_bytes.sub(pool, block.size)
+        self._requested_bytes.sub(pool, block.requested)
         block.allocated = False
         block.requested = 0
         # Merge with free neighbours (each of them was an inactive split).

@@ -73,14 +73,46 @@ def install() -> None:
         return original_get_backend(self, "cpu" if device_type == "cuda" else device)
 
     FakeGpuProcessGroup._get_backend = _get_backend
+    _collectives_below_the_modes()
 
     from . import torch_compat
 
     torch_compat.install(skip_backend=BACKEND_NAME)
     _patch_ddp()
     _patch_dtensor_rng()
+    _patch_dtensor_meta()
     _patch_fsdp2_device()
     _patch_fsdp1_device()
+
+
+_COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
+                "allgather_coalesced", "_allgather_base", "allgather_into_tensor_coalesced",
+                "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+                "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
+                "alltoall_base", "alltoall", "gather", "scatter", "barrier", "send", "recv",
+                "recv_anysource")
+
+
+def _collectives_below_the_modes() -> None:
+    """The fakegpu backend's collectives run with the device-rewrite and tracking modes off.
+
+    Its staging copies are the communication library's business, which a CUDA caching
+    allocator never sees either, and every torch call it makes would otherwise pay the two
+    modes' Python cost (a large share of a small model's step)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    for name in _COLLECTIVES:
+        method = FakeGpuProcessGroup.__dict__.get(name)
+        if method is None or getattr(method, "_below_modes", False):
+            continue
+
+        @functools.wraps(method)
+        def run(self, *args, _method=method, **kwargs):
+            with torch._C.DisableTorchFunction(), _disable_current_modes():
+                return _method(self, *args, **kwargs)
+
+        run._below_modes = True
+        setattr(FakeGpuProcessGroup, name, run)
 
 
 def _patch_fsdp1_device() -> None:
@@ -147,6 +179,28 @@ def _patch_ddp() -> None:
         original_init(self, module, device_ids, output_device, *args, **kwargs)
 
     DDP.__init__ = __init__
+
+
+def _patch_dtensor_meta() -> None:
+    """DTensor's sharding propagation builds fake tensors on the mesh's device type, below the
+    device-rewrite mode; a "cuda" mesh's are built on the CPU, the port's (random ops such as
+    ``uniform_`` on a sharded parameter otherwise need a CUDA device guard)."""
+    try:
+        from torch.distributed.tensor import _op_schema
+    except ImportError:
+        return
+    original = getattr(_op_schema, "_rebuild_tensor_from_dtensor_meta", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _rebuild_tensor_from_dtensor_meta(arg):
+        if arg.mesh.device_type != "cuda" or arg.tensor_meta is None:
+            return original(arg)
+        meta = arg.tensor_meta
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
+
+    _op_schema._rebuild_tensor_from_dtensor_meta = _rebuild_tensor_from_dtensor_meta
 
 
 def _patch_dtensor_rng() -> None:

@@ -1,6 +1,8 @@
 """CPU kernels for attention ops torch implements only for CUDA, for programs that call them
-directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_attention``
-and their backwards).  They compute torch's math attention, the exact reference the fused
+directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_attention`` /
+``_cudnn_attention``, the flash kernels ``_flash_attention_forward`` / ``_backward`` in
+their dense and variable-length forms, which ``torch.nn.attention.varlen.varlen_attn``
+calls, and their backwards).  They compute torch's math attention, the exact reference the fused
 kernels approximate; the backward recomputes it under autograd.  Dropout is refused: the
 CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its own.
 """
@@ -92,6 +94,117 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_s
     return grads[0], grads[1], grads[2]
 
 
+def _unsupported_argument(op: str, what: str) -> None:
+    raise UnsupportedOnFakeCuda(
+        f"fakegpu: aten::{op} with {what} has no CPU fallback on fake CUDA devices; run the job "
+        "on real GPUs (fgpu --mode hybrid) or call it without that argument")
+
+
+def _attend(query, key, value, is_causal, scale, left, right):
+    """Flash attention's semantics on (batch, heads, length, dim) tensors with torch's math
+    kernel: the causal mask and the sliding window are aligned to the bottom right (query i
+    sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right; -1 = unbounded), keys may
+    have fewer heads (GQA).  Returns the output and the log-sum-exp per query (float32)."""
+    lq, lk = query.shape[-2], key.shape[-2]
+    if is_causal:
+        right = 0
+    mask = None
+    if (left is not None and left >= 0) or (right is not None and right >= 0):
+        i = torch.arange(lq).unsqueeze(1) + (lk - lq)
+        j = torch.arange(lk).unsqueeze(0)
+        mask = torch.ones(lq, lk, dtype=torch.bool)
+        if right is not None and right >= 0:
+            mask &= j <= i + right
+        if left is not None and left >= 0:
+            mask &= j >= i - left
+    gqa = key.shape[-3] != query.shape[-3]
+    plain_causal = is_causal and lq == lk and (left is None or left < 0)
+    # The math kernel adds a floating mask (a boolean one would be added as 0/1), as
+    # scaled_dot_product_attention converts it; plain causal attention takes its own path.
+    additive = None if mask is None or plain_causal else \
+        torch.zeros(lq, lk, dtype=query.dtype).masked_fill(~mask, float("-inf"))
+    out = torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, additive, 0.0, plain_causal, None, scale=scale, enable_gqa=gqa)[0]
+    with torch.no_grad():
+        k = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3) if gqa else key
+        factor = scale if scale is not None else query.shape[-1] ** -0.5
+        scores = torch.matmul(query.float(), k.float().transpose(-2, -1)) * factor
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+    return out, lse
+
+
+def _flash(query, key, value, cum_seq_q, cum_seq_k, is_causal, scale, left, right):
+    """``_flash_attention_forward``'s output and log-sum-exp: dense (batch, length, heads, dim)
+    or variable-length (total, heads, dim) with cumulative sequence offsets."""
+    if cum_seq_q is None:
+        out, lse = _attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                           is_causal, scale, left, right)
+        return out.transpose(1, 2), lse
+    outs, lses = [], []
+    starts_q, starts_k = cum_seq_q.tolist(), cum_seq_k.tolist()
+    for n in range(len(starts_q) - 1):
+        q = query[starts_q[n]:starts_q[n + 1]].transpose(0, 1).unsqueeze(0)
+        k = key[starts_k[n]:starts_k[n + 1]].transpose(0, 1).unsqueeze(0)
+        v = value[starts_k[n]:starts_k[n + 1]].transpose(0, 1).unsqueeze(0)
+        out, lse = _attend(q, k, v, is_causal, scale, left, right)
+        outs.append(out.squeeze(0).transpose(0, 1))
+        lses.append(lse.squeeze(0))
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                            is_causal, return_debug_mask, *, scale=None, window_size_left=None,
+                            window_size_right=None, seqused_k=None, alibi_slopes=None,
+                            block_table=None, num_splits=None):  # noqa: ARG001
+    _no_dropout("_flash_attention_forward", dropout_p)
+    for name, value_ in (("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes),
+                         ("block_table", block_table)):
+        if value_ is not None:
+            _unsupported_argument("_flash_attention_forward", name)
+    out, lse = _flash(query, key, value, cum_seq_q, cum_seq_k, is_causal, scale,
+                      window_size_left, window_size_right)
+    return (out, lse, torch.zeros(2, dtype=torch.uint64), torch.empty(0, dtype=query.dtype),
+            torch.empty(0, dtype=query.dtype))
+
+
+def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                             max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
+                             window_size_left=None, window_size_right=None):  # noqa: ARG001
+    _no_dropout("_flash_attention_backward", dropout_p)
+    if cum_seq_q is not None and cum_seq_q.numel() == 0:
+        cum_seq_q = cum_seq_k = None   # the dense call passes empty offsets
+    with _autograd_back_on(), torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
+        result, _ = _flash(q, k, v, cum_seq_q, cum_seq_k, is_causal, scale,
+                           window_size_left, window_size_right)
+        return tuple(torch.autograd.grad(result, (q, k, v), grad_out))
+
+
+def cudnn_sdpa_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                       is_causal=False, return_debug_mask=False, *, scale=None):  # noqa: ARG001
+    _no_dropout("_scaled_dot_product_cudnn_attention", dropout_p)
+    if attn_bias is not None:
+        out = _math(query, key, value, attn_bias, is_causal, scale)
+        lse = _lse_placeholder(query)
+    else:
+        out, lse = _attend(query, key, value, is_causal, scale, None, None)
+    empty = torch.empty(0, dtype=torch.int64)
+    return (out, lse, empty, empty.clone(), query.shape[2], key.shape[2],
+            torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64),
+            torch.empty(0, dtype=query.dtype))
+
+
+def cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset,
+                        attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *,
+                        scale=None):  # noqa: ARG001
+    _no_dropout("_scaled_dot_product_cudnn_attention_backward", dropout_p)
+    bias = attn_bias if attn_bias is not None and attn_bias.numel() else None
+    grads = _grads(grad_out, query, key, value, bias, is_causal, scale)
+    return grads[0], grads[1], grads[2]
+
+
 def register() -> None:
     """Register the kernels for the CPU dispatch key (once per process)."""
     global _library
@@ -101,7 +214,11 @@ def register() -> None:
     for name, kernel in (("_scaled_dot_product_efficient_attention", efficient_forward),
                          ("_scaled_dot_product_efficient_attention_backward", efficient_backward),
                          ("_scaled_dot_product_flash_attention", flash_forward),
-                         ("_scaled_dot_product_flash_attention_backward", flash_backward)):
+                         ("_scaled_dot_product_flash_attention_backward", flash_backward),
+                         ("_flash_attention_forward", flash_attention_forward),
+                         ("_flash_attention_backward", flash_attention_backward),
+                         ("_scaled_dot_product_cudnn_attention", cudnn_sdpa_forward),
+                         ("_scaled_dot_product_cudnn_attention_backward", cudnn_sdpa_backward)):
         library.impl(name, kernel, "CPU")
     _library = library
 

@@ -156,8 +156,21 @@ def unsupported_message(op_name: str) -> str:
             "(torch.library.register_kernel(..., 'cpu'))")
 
 
+def _returns_only_aliases(func) -> bool:
+    """Every output of ``func`` aliases an input (views, in-place and ``out=`` ops): such an
+    op never creates a storage, so the tracking mode has nothing to charge."""
+    schema = getattr(func, "_schema", None)   # higher-order operators have none
+    if schema is None:
+        return False
+    returns = schema.returns
+    return bool(returns) and all(r.alias_info is not None for r in returns)
+
+
 class TrackingMode(TorchDispatchMode):
-    """Charges new storages to fake devices; turns 'no CPU kernel' into one clear line."""
+    """Charges new storages to fake devices; turns 'no CPU kernel' into one clear line.
+
+    It sits on every aten op, so its path is kept short: ops whose outputs all alias their
+    inputs are recognised once per overload and returned at once."""
 
     # Higher-order operators (flex_attention, the checkpoint and control-flow ops) come here
     # too and run with this mode popped, as torch runs them without modes: their outputs are
@@ -167,17 +180,20 @@ class TrackingMode(TorchDispatchMode):
     def __init__(self, memory: DeviceMemory):
         super().__init__()
         self.memory = memory
+        self._aliasing: dict = {}   # OpOverload -> its outputs only alias inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         target = None
-        device = kwargs.get("device")
-        if device is not None and device.type == "cuda":
-            # A cuda device that reached aten without passing the Python API's rewrite (code
-            # running under DisableTorchFunction, C++ callers): the CPU all the same.
-            target = device.index if device.index is not None else _current_device()
-            kwargs = dict(kwargs)
-            kwargs["device"] = _CPU
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and device.type == "cuda":
+                # A cuda device that reached aten without passing the Python API's rewrite (code
+                # running under DisableTorchFunction, C++ callers): the CPU all the same.
+                target = device.index if device.index is not None else _current_device()
+                kwargs = dict(kwargs)
+                kwargs["device"] = _CPU
+        else:
+            kwargs = {}
         try:
             out = func(*args, **kwargs)
         except NotImplementedError as exc:
@@ -185,7 +201,17 @@ class TrackingMode(TorchDispatchMode):
             if "with arguments from the 'CPU' backend" in text or "with arguments from the 'CPU'" in text:
                 raise UnsupportedOnFakeCuda(unsupported_message(func.name())) from None
             raise
-        device = current_target() if target is None else target
+        aliasing = self._aliasing.get(func)
+        if aliasing is None:
+            aliasing = self._aliasing[func] = _returns_only_aliases(func)
+        if aliasing:
+            return out
+        return self.charge_outputs(out, args, kwargs, target)
+
+    def charge_outputs(self, out, args, kwargs, target=None):
+        """Charge the new storages of ``out`` to ``target``, else to the device the placement
+        context names, else to the first input's."""
+        device = getattr(_tls, "target", None) if target is None else target
         blocks = self.memory._blocks
         if device is None:
             device = _first_device(args, blocks)

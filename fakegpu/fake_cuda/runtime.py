@@ -442,7 +442,12 @@ def _record_memory_history(*args, **kwargs) -> None:  # noqa: ARG001 - no frames
 def _cuda_target(value) -> Optional[int]:
     if isinstance(value, (torch.device, str)):
         return cuda_index_of(value)
+    if type(value) is int:  # device=k: torch reads a bare index as the accelerator's
+        return _index(value)
     return None
+
+
+_PARSE_TO = torch._C._nn._parse_to
 
 
 class DeviceRewriteMode(TorchFunctionMode):
@@ -458,6 +463,9 @@ class DeviceRewriteMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.device and len(args) == 1 and type(args[0]) is int and not kwargs:
             return torch.device("cuda", _index(args[0]))   # torch.device(k): the accelerator's
+        if func is _PARSE_TO and args and type(args[0]) is int:
+            # Module.to(k): C++ would resolve the bare index against a missing accelerator.
+            args = (torch.device("cuda", _index(args[0])), *args[1:])
         target = None
         if "device" in kwargs:
             target = _cuda_target(kwargs["device"])
