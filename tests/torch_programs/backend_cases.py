@@ -169,6 +169,24 @@ def cpp_held_works(backend):
     return {"value": value, "error": error, "after": after.tolist()}
 
 
+def init_time(backend):
+    """Seconds in init_process_group once every rank is there (a store barrier first, so
+    the time is the backend's own, not the ranks' different start-up times)."""
+    if backend == "fakegpu":
+        import fakegpu.torch  # noqa: F401
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=timedelta(seconds=60))
+    store.add("arrived", 1)
+    while int(store.add("arrived", 0)) < world:
+        time.sleep(0.001)
+    start = time.perf_counter()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    init = time.perf_counter() - start
+    dist.barrier()
+    return {"init_s": init, "init_and_barrier_s": time.perf_counter() - start}
+
+
 def main() -> int:
     case, backend, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     fn = globals()[case]
