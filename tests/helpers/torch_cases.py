@@ -16,7 +16,7 @@ from typing import Optional
 from .coordinator import CoordinatorProcess
 from .shim import REPO_ROOT
 
-PROGRAM = REPO_ROOT / "tests" / "torch_programs" / os.environ.get("CASE_PROGRAM", "backend_cases.py")
+PROGRAM = REPO_ROOT / "tests" / "torch_programs" / "backend_cases.py"
 _STRIPPED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
              "MASTER_PORT", "LD_PRELOAD", "TORCHELASTIC_RESTART_COUNT")
 
