@@ -187,6 +187,26 @@ def init_time(backend):
     return {"init_s": init, "init_and_barrier_s": time.perf_counter() - start}
 
 
+def sum_order(backend):
+    """A float32 SUM of random data: the result, and how it relates to the sum in rank order
+    (((x0 + x1) + x2) + ...) and to the exactly rounded sum."""
+    rank, world = _init(backend)
+    n = 20000
+
+    def data(r):
+        return torch.randn(n, generator=torch.Generator().manual_seed(1000 + r))
+
+    tensor = data(rank)
+    dist.all_reduce(tensor)
+    in_order = data(0)
+    for r in range(1, world):
+        in_order = in_order + data(r)
+    exact = sum(data(r).double() for r in range(world)).float()
+    return {"result": tensor.tolist() if rank == 0 else None,
+            "equal_rank_order": float((tensor == in_order).double().mean()),
+            "equal_exactly_rounded": float((tensor == exact).double().mean())}
+
+
 def main() -> int:
     case, backend, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     fn = globals()[case]
