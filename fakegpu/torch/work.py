@@ -28,6 +28,7 @@ an NCCL watchdog abort.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 import weakref
@@ -180,9 +181,14 @@ class Task:
 class Stream:
     """One background thread running a group's tasks in issue order.
 
-    A thread that waits from inside the stream's own thread (a future callback issuing and
-    waiting on another collective of the same group) runs queued tasks itself instead of
-    deadlocking.
+    A waiter runs queued tasks itself (in order, one at a time, as the thread would) when
+    the thread has not started them yet: from inside the stream's own thread (a future
+    callback waiting on another collective of the same group) that avoids a deadlock, and
+    for a synchronous call it saves the hand-over to the thread and back (two wake-ups, which
+    on a busy machine cost more than the call).  Other waiters do that only where the group's
+    timeout is not shorter than the coordinator's (``FAKEGPU_COORDINATOR_TIMEOUT_MS``, 10 min
+    by default): a waiter inside a call can be released by nothing but the coordinator, so a
+    shorter group timeout is kept by waiting for the thread instead.
     """
 
     def __init__(self, name: str, timeout_s: float):
@@ -196,6 +202,7 @@ class Stream:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.broken: Optional[BaseException] = None
+        self.waiters_run_tasks = timeout_s >= _coordinator_timeout_s()
         _watchdog.watch(self)
 
     def submit(self, task: Task) -> None:
@@ -252,12 +259,12 @@ class Stream:
     def wait_for(self, op: Op, seconds: float) -> bool:
         """Wait until ``op`` finished; False after ``seconds``."""
         deadline = time.monotonic() + seconds
-        inside = threading.current_thread() is self._thread
+        runs_tasks = self.waiters_run_tasks or threading.current_thread() is self._thread
         while True:
             with self.cond:
                 if op.done:
                     return True
-                task = self._take() if inside else None
+                task = self._take() if runs_tasks else None
                 if task is None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -301,6 +308,13 @@ class Stream:
             for op in other.ops:
                 op.finish(backend_error(f"fakegpu: {other.what} on process group "
                                         f"{self.name!r} not run: {error}"))
+
+
+def _coordinator_timeout_s() -> float:
+    try:
+        return int(os.environ.get("FAKEGPU_COORDINATOR_TIMEOUT_MS", "")) / 1000
+    except ValueError:
+        return 600.0  # the coordinator's default (docs/usage.md)
 
 
 class _Watchdog:

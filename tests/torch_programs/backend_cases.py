@@ -11,15 +11,18 @@ import os
 import sys
 import time
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 
-def _init(backend: str, timeout_s: float = 60.0) -> tuple[int, int]:
+def _init(backend: str, timeout_s: Optional[float] = None) -> tuple[int, int]:
+    """``timeout_s`` None: torch's default group timeout (30 min), under which a fakegpu
+    waiter runs queued operations itself; a short one keeps them on the stream's thread."""
     if backend == "fakegpu":
         import fakegpu.torch  # noqa: F401
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s) if timeout_s else None)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -125,7 +128,7 @@ def monitored(backend):
 def async_order(backend):
     """async_op=True returns before the peer has even issued the call; several async
     operations complete in issue order; futures carry the results."""
-    rank, world = _init(backend)
+    rank, world = _init(backend, timeout_s=60)
     store = dist.distributed_c10d._get_default_store()
     if rank != 0:
         store.wait(["go"], timedelta(seconds=60))
