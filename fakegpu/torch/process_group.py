@@ -160,7 +160,10 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         self._closed = False
         # Tell torch this group serves CPU tensors (no C++ backend object behind it): that is
         # what _get_pg_default_device() and the object collectives read.
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        try:
+            self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        except (TypeError, RuntimeError):  # a torch whose binding wants a Backend object
+            pass
 
     # -- identity (forwarded from C++ by the trampoline) --------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - C++ name
