@@ -71,7 +71,7 @@ class Op:
     """The state of one submitted operation, shared by its Work, its C++ callback and the
     stream.  ``flush`` (p2p only) issues the queued batch the operation belongs to."""
 
-    __slots__ = ("what", "stream", "outputs", "done", "error", "future", "source_rank",
+    __slots__ = ("what", "stream", "outputs", "done", "error", "_future", "source_rank",
                  "flush", "_claimed", "_work", "_cpp_future", "_completion", "__weakref__")
 
     def __init__(self, what: str, stream: "Stream", outputs: list[torch.Tensor],
@@ -84,11 +84,12 @@ class Op:
         self.error: Optional[BaseException] = None
         self.source_rank = source_rank
         self.flush = flush
-        # The future Python callers get: a then() of _completion whose callback raises the
-        # op's error, which makes it a real error of the future (Future.set_exception would
-        # store the exception as a value, and C++ waiters would not see it).
-        self._completion = torch.futures.Future()
-        self.future = self._completion.then(self._outcome)
+        # The future Python callers get (made on first use, most ops never need one): a then()
+        # of _completion whose callback raises the op's error, which makes it a real error of
+        # the future (Future.set_exception would store the exception as a value, and C++
+        # waiters would not see it).
+        self._completion: Optional[torch.futures.Future] = None
+        self._future: Optional[torch.futures.Future] = None
         self._work: Optional["FakeGpuWork"] = None  # held until finished (C++ completion)
         self._cpp_future = None
 
@@ -102,6 +103,19 @@ class Op:
     def future_work(self) -> dist.Work:
         """torch's C++ future-wrapping Work around :attr:`future` (C++ ``result()`` works)."""
         return _create_work_from_future(self.future)
+
+    @property
+    def future(self) -> torch.futures.Future:
+        with self.stream.cond:
+            if self._future is None:
+                self._completion = torch.futures.Future()
+                self._future = self._completion.then(self._outcome)
+                complete_now = self.done  # else finish() completes it
+            else:
+                complete_now = False
+        if complete_now:
+            self._completion.set_result(None)
+        return self._future
 
     def _outcome(self, _completed=None) -> list[torch.Tensor]:
         if self.error is not None:
@@ -123,8 +137,10 @@ class Op:
             self.done = True
             self.error = error
             self.flush = None
+            completion = self._completion  # one made later is completed by its maker
             self.stream.cond.notify_all()
-        self._completion.set_result(None)
+        if completion is not None:
+            completion.set_result(None)
         work, self._work = self._work, None  # breaks the C++ -> callback -> op -> work cycle
         if work is not None:
             try:
