@@ -2,11 +2,13 @@
 
     python benchmarks/torch_allreduce.py                  # 2 ranks, 4 B .. 16 MiB
     python benchmarks/torch_allreduce.py --nproc 4 --max-bytes 64MiB --json out.json
+    python benchmarks/torch_allreduce.py --nproc 4 --max-bytes 64MiB --shim-bench build/shim_bench
 
 It runs the same torchrun sweep twice — ``--backend gloo``, then ``--backend fakegpu`` under
 ``python -m fakegpu run`` (which starts the coordinator) — and prints one table: mean time
 per call on rank 0, algbw / busbw (nccl-tests conventions: busbw = algbw * 2(n-1)/n) and the
-fakegpu/gloo time ratio.  Results are checked: the sum must be exact for the chosen inputs.
+fakegpu/gloo time ratio; with ``--shim-bench`` also the same sweep from C through the shim
+(benchmarks/shim_bench.py) and the torch/C ratio.  Results are checked: the sum must be exact for the chosen inputs.
 Wall-clock figures of a simulator: they measure fakegpu's own overhead, not a network.
 """
 from __future__ import annotations
@@ -64,12 +66,16 @@ def worker(args) -> int:
             dist.all_reduce(t)
         wrong = int((t != want).sum())
         dist.barrier()
+        per_call = []
         started = time.perf_counter()
         for _ in range(iters):
+            call = time.perf_counter()
             dist.all_reduce(t)
+            per_call.append(time.perf_counter() - call)
         elapsed = (time.perf_counter() - started) / iters
+        per_call.sort()
         rows.append({"bytes": nbytes, "count": count, "iters": iters, "time_us": elapsed * 1e6,
-                     "wrong": wrong})
+                     "median_us": per_call[len(per_call) // 2] * 1e6, "wrong": wrong})
     if rank == 0:
         Path(args.json).write_text(json.dumps({"backend": args.backend, "world": world, "rows": rows}))
     dist.destroy_process_group()
@@ -105,18 +111,42 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def table(gloo: dict, fake: dict) -> str:
+def shim_sweep(args) -> dict:
+    """bytes -> median us of the same all_reduce from C through the shim (no Python in the
+    ranks), via benchmarks/shim_bench.py, so the table can put torch-level next to C-level."""
+    command = [sys.executable, str(REPO / "benchmarks" / "shim_bench.py"), "--bench", args.shim_bench,
+               "--ranks", str(args.nproc), "--min", str(max(4, args.min_bytes)), "--max", str(args.max_bytes),
+               "--factor", str(args.factor), "--iters", str(args.iters)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+        raise SystemExit(f"torch_allreduce: the shim_bench sweep failed (status {proc.returncode})")
+    medians = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and not line.startswith("#"):
+            medians[int(fields[0])] = float(fields[1])
+    return medians
+
+
+def table(gloo: dict, fake: dict, shim: dict = None) -> str:
     n = gloo["world"]
     factor = 2 * (n - 1) / n
-    lines = [f"all_reduce, float32 sum, {n} ranks, torch CPU tensors (mean per call on rank 0)",
-             "",
-             "| size | gloo time (us) | gloo busbw (GB/s) | fakegpu time (us) | fakegpu busbw (GB/s) | fakegpu/gloo | #wrong |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    shim = shim or {}
+    lines = [f"all_reduce, float32 sum, {n} ranks, torch CPU tensors (rank 0; median per call, "
+             "busbw from the mean)", "",
+             "| size | gloo (us) | gloo busbw (GB/s) | fakegpu torch (us) | fakegpu busbw (GB/s) | "
+             "fakegpu C shim (us) | torch/C | fakegpu/gloo | #wrong |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g, f in zip(gloo["rows"], fake["rows"]):
         gb = g["bytes"] / (g["time_us"] * 1e-6) / 1e9 * factor
         fb = f["bytes"] / (f["time_us"] * 1e-6) / 1e9 * factor
-        lines.append(f"| {_fmt_size(g['bytes'])} | {g['time_us']:.1f} | {gb:.3f} | {f['time_us']:.1f} | "
-                     f"{fb:.3f} | {f['time_us'] / g['time_us']:.2f}x | {g['wrong'] + f['wrong']} |")
+        gm, fm = g.get("median_us", g["time_us"]), f.get("median_us", f["time_us"])
+        c = shim.get(f["bytes"])
+        c_cols = f"{c:.1f} | {fm / c:.2f}x" if c else "- | -"
+        lines.append(f"| {_fmt_size(g['bytes'])} | {gm:.1f} | {gb:.3f} | {fm:.1f} | {fb:.3f} | {c_cols} | "
+                     f"{fm / gm:.2f}x | {g['wrong'] + f['wrong']} |")
     return "\n".join(lines)
 
 
@@ -133,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", help="worker: where rank 0 writes results; driver: combined output")
+    p.add_argument("--shim-bench", help="a built native/tests/shim_bench (next to the libnccl.so.2 it "
+                   "uses): adds the C-level median of the same sweep, run right after")
     p.add_argument("--backend", default="fakegpu", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -142,9 +174,11 @@ def main(argv=None) -> int:
         workdir = Path(tmp)
         gloo = _sweep(args, "gloo", workdir / "gloo.json", workdir)
         fake = _sweep(args, "fakegpu", workdir / "fakegpu.json", workdir)
-    print(table(gloo, fake))
+    shim = shim_sweep(args) if args.shim_bench else {}
+    print(table(gloo, fake, shim))
     if args.json:
-        Path(args.json).write_text(json.dumps({"gloo": gloo, "fakegpu": fake}, indent=1))
+        Path(args.json).write_text(json.dumps({"gloo": gloo, "fakegpu": fake, "shim_median_us": shim},
+                                              indent=1))
     wrong = sum(r["wrong"] for r in gloo["rows"] + fake["rows"])
     return 1 if wrong else 0
 

@@ -123,6 +123,55 @@ ncclResult_t ncclGroupEnd();
 """
 
 
+_PRECOMPILED_MODULE = "fakegpu._nccl_ffi"
+
+
+def cdef_digest() -> str:
+    import hashlib
+
+    return hashlib.sha256(_CDEF.encode()).hexdigest()
+
+
+def _parsed_ffi() -> FFI:
+    ffi = FFI()
+    ffi.cdef(_CDEF)
+    return ffi
+
+
+def _precompiled_ffi() -> Optional[Any]:
+    try:
+        import importlib
+
+        module = importlib.import_module(_PRECOMPILED_MODULE)
+    except Exception:  # noqa: BLE001 - missing, or made for a cffi this one cannot read
+        return None
+    return module.ffi if getattr(module, "CDEF_SHA256", None) == cdef_digest() else None
+
+
+def precompiled_ffi_source() -> str:
+    """The text of fakegpu/_nccl_ffi.py: cffi's out-of-line ABI module for ``_CDEF`` (no C
+    compiler involved), stamped with the declarations' digest."""
+    import tempfile
+
+    builder = FFI()
+    builder.cdef(_CDEF)
+    builder.set_source(_PRECOMPILED_MODULE, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = builder.compile(tmpdir=tmp)
+        with open(path) as fh:
+            body = fh.read()
+    return (body.rstrip("\n") + "\n\n# sha256 of fakegpu.nccl._CDEF; a mismatch makes fakegpu.nccl parse it instead\n"
+            f"CDEF_SHA256 = {cdef_digest()!r}\n")
+
+
+def write_precompiled_ffi() -> str:
+    """Regenerate fakegpu/_nccl_ffi.py after changing ``_CDEF``; returns its path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_nccl_ffi.py")
+    with open(path, "w") as fh:
+        fh.write(precompiled_ffi_source())
+    return path
+
+
 class Result(enum.IntEnum):
     success = 0
     unhandled_cuda_error = 1
@@ -321,12 +370,12 @@ class Nccl:
 
     @classmethod
     def _shared_ffi(cls) -> FFI:
-        # One FFI for all libraries: cdef parsing is the slow part of start-up.
+        # One FFI for all libraries.  Parsing the declarations takes ~0.5 s (pycparser), so
+        # the FFI normally comes pre-parsed from fakegpu/_nccl_ffi.py (see
+        # write_precompiled_ffi); a stale or unloadable one falls back to parsing.
         with cls._ffi_lock:
             if cls._ffi is None:
-                ffi = FFI()
-                ffi.cdef(_CDEF)
-                cls._ffi = ffi
+                cls._ffi = _precompiled_ffi() or _parsed_ffi()
             return cls._ffi
 
     # -- error handling ---------------------------------------------------------------------

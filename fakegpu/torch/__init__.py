@@ -20,6 +20,7 @@ from .process_group import (
     create_fakegpu_process_group,
     library,
 )
+from .monitored import monitored_barrier
 from .work import FakeGpuWork
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "create_fakegpu_process_group",
     "is_registered",
     "library",
+    "monitored_barrier",
     "register",
     "split_group",
 ]

@@ -9,11 +9,13 @@ Design notes
   subclass can, and torch then uses it as the group itself.  C++ callers (DDP's reducer,
   functional collectives) reach the methods the pybind trampoline forwards; Python callers
   (``dist.*``) reach any method by name.
-- Every NCCL call on the shim completes before it returns, so collectives run synchronously
-  and return finished Work objects.  Point-to-point calls are queued and issued together,
-  as one NCCL group, when a result is first needed or any other operation comes: ranks that
-  post ``isend`` before ``irecv`` (``batch_isend_irecv`` on a Python group issues them one
-  by one) would otherwise block each other.
+- Every operation is checked in the calling thread (bad arguments raise at once) and then
+  runs on the group's stream, a background thread that runs the group's operations in issue
+  order (see :mod:`fakegpu.torch.work`): ``async_op=True`` returns at once, and every wait
+  honours the group's timeout.  Point-to-point calls are queued and issued together, as one
+  NCCL group, when a result is first needed or any other operation comes: ranks that post
+  ``isend`` before ``irecv`` (``batch_isend_irecv`` on a Python group issues them one by
+  one) would otherwise block each other.
 - NCCL wants contiguous buffers; non-contiguous tensors are copied to a contiguous buffer
   and, for outputs, copied back.
 - The communicator is created once the group knows its name and description (torch sets
@@ -23,6 +25,7 @@ Design notes
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import nullcontext
 from datetime import timedelta
@@ -34,7 +37,7 @@ import torch.distributed as dist
 from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
 
 from ._types import Buffer, Reduction, buffer_of, reduction_of
-from .work import FakeGpuWork, done
+from .work import FakeGpuWork, Op, Stream, Task, backend_error
 
 BACKEND_NAME = "fakegpu"
 _UID_KEY = "fakegpu/unique_id"
@@ -55,9 +58,40 @@ def library() -> Nccl:
         return _library
 
 
+# torch's default for process groups that were given no timeout.
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
 def _as_error(what: str, group: str, exc: BaseException) -> BaseException:
-    backend_error = getattr(dist, "DistBackendError", RuntimeError)
     return backend_error(f"fakegpu: {what} on process group {group!r} failed: {exc}")
+
+
+def _join_notification_code():
+    try:
+        from torch.distributed.algorithms.join import Join
+    except ImportError:
+        return None
+    return Join.notify_join_context.__code__
+
+
+def _for_ddp_join() -> bool:
+    """Whether this all-reduce is the one ``Join.notify_join_context`` schedules: DDP's C++
+    reducer reads its C++ ``result()``, which only torch's future-wrapping Work has (see
+    :mod:`fakegpu.torch.work`).  A few frames up: all_reduce and torch's logging wrappers."""
+    global _JOIN_CODE
+    if _JOIN_CODE is False:
+        _JOIN_CODE = _join_notification_code()
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code is _JOIN_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_JOIN_CODE = False
 
 
 class _Contiguous:
@@ -120,9 +154,16 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = group_desc
         self._lock = threading.RLock()
-        self._pending_p2p: list[tuple[str, _Contiguous, int, FakeGpuWork]] = []
+        self._pending_p2p: list[tuple[str, _Contiguous, int, Op]] = []
+        self._stream_: Optional[Stream] = None
         self._split_count = 0
         self._closed = False
+        # Tell torch this group serves CPU tensors (no C++ backend object behind it): that is
+        # what _get_pg_default_device() and the object collectives read.
+        try:
+            self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        except (TypeError, RuntimeError):  # a torch whose binding wants a Backend object
+            pass
 
     # -- identity (forwarded from C++ by the trampoline) --------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - C++ name
@@ -196,15 +237,46 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
     def comm(self) -> Comm:
         return self._comm if self._comm is not None else self._connect()
 
-    def _run(self, what: str, body, *, grouped: bool = False) -> None:
-        """Run ``body(comm)`` (inside an NCCL group if ``grouped``), after any queued p2p."""
-        self._flush_p2p()
-        comm = self.comm
-        try:
-            with library().group() if grouped else nullcontext():
-                body(comm)
-        except NcclError as exc:
-            raise _as_error(what, self.comm_name, exc) from exc
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout or _DEFAULT_TIMEOUT
+
+    @property
+    def _stream(self) -> Stream:
+        # Made on first use, once torch has named the group (its name labels errors).
+        with self._lock:
+            if self._stream_ is None:
+                self._stream_ = Stream(self.comm_name, self.timeout.total_seconds())
+            return self._stream_
+
+    def _run(self, what: str, body, outputs, *, grouped: bool = False, after=None,
+             future_work: bool = False) -> dist.Work:
+        """Submit ``body(comm)`` (inside an NCCL group if ``grouped``), then ``after()``, to
+        the group's stream, behind any queued p2p; the Work of ``outputs``."""
+        with self._lock:
+            self._flush_p2p()
+            comm = self.comm
+            op = Op(what, self._stream, list(outputs))
+            work = op.future_work() if future_work else op.work()
+
+            def run():
+                try:
+                    with library().group() if grouped else nullcontext():
+                        body(comm)
+                except NcclError as exc:
+                    raise _as_error(what, self.comm_name, exc) from exc
+                if after is not None:
+                    after()
+
+            self._stream.submit(Task(what, run, [op]))
+        return work
+
+    @staticmethod
+    def _commit_all(items):
+        def commit():
+            for item in items:
+                item.commit()
+        return commit
 
     def _reduce_op(self, comm: Comm, reduction: Reduction, dtype) -> tuple[int, Optional[int]]:
         """(op code, op to destroy afterwards) for ``reduction``."""
@@ -226,21 +298,19 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, reduce_op)
         items = [_Contiguous(t) for t in tensors]
-        self._run("allreduce", lambda comm: self._all_reduce_into(comm, items, reduce_op),
-                  grouped=len(items) > 1)
-        for item in items:
-            item.commit()
-        return done(list(tensors))
+        return self._run("allreduce", lambda comm: self._all_reduce_into(comm, items, reduce_op),
+                         tensors, grouped=len(items) > 1, after=self._commit_all(items),
+                         future_work=_for_ddp_join())
 
     def allreduce_coalesced(self, tensors, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         items = [_Contiguous(t) for t in tensors]
-        self._run("allreduce_coalesced",
-                  lambda comm: self._all_reduce_into(comm, items, reduce_op), grouped=True)
-        for item in items:
-            item.commit()
-        return done(list(tensors))
+        return self._run("allreduce_coalesced",
+                         lambda comm: self._all_reduce_into(comm, items, reduce_op), tensors,
+                         grouped=True, after=self._commit_all(items))
 
     # -- broadcast / reduce -------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -252,9 +322,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             buf = buffer_of(item.buffer, reducing=False)
             comm.broadcast(item.buffer, item.buffer, buf.count, buf.dtype, root)
 
-        self._run("broadcast", body)
-        item.commit()
-        return done(list(tensors))
+        return self._run("broadcast", body, tensors, after=item.commit)
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -270,10 +338,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                 if temp is not None:
                     comm.destroy_op(temp)
 
-        self._run("reduce", body)
-        if self.rank() == root:
-            item.commit()
-        return done(list(tensors))
+        return self._run("reduce", body, tensors,
+                         after=item.commit if self.rank() == root else None)
 
     # -- all-gather -----------------------------------------------------------------------------
     def _gather_blocks(self, comm: Comm, output: torch.Tensor, input_: _Contiguous) -> None:
@@ -318,17 +384,30 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             for outs, inp, stage in zip(output_tensors, inputs, staged):
                 self._allgather_list(comm, outs, inp, stage)
 
-        self._run("allgather", body, grouped=len(inputs) > 1 or self._uneven(output_tensors))
-        for outs, stage in zip(output_tensors, staged):
-            if len(stage) == 1 and not isinstance(stage[0], _Contiguous):
-                self._scatter_staging(outs, stage[0])
-            else:
-                for block in stage:
-                    block.commit()
-        return done([t for outs in output_tensors for t in outs])
+        def after():
+            for outs, stage in zip(output_tensors, staged):
+                if len(stage) == 1 and not isinstance(stage[0], _Contiguous):
+                    self._scatter_staging(outs, stage[0])
+                else:
+                    for block in stage:
+                        block.commit()
+
+        return self._run("allgather", body, [t for outs in output_tensors for t in outs],
+                         grouped=len(inputs) > 1 or self._uneven(output_tensors), after=after)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        # As gloo: output_lists[r][i] receives input i of rank r (one list per rank), the
+        # transpose of allgather's layout (one list per input).
+        if len(output_lists) != self.size():
+            raise ValueError(f"fakegpu allgather_coalesced: {len(output_lists)} output lists, "
+                             f"expected one per rank ({self.size()})")
+        for rank, outs in enumerate(output_lists):
+            if len(outs) != len(input_tensors):
+                raise ValueError(f"fakegpu allgather_coalesced: output list {rank} has "
+                                 f"{len(outs)} tensors for {len(input_tensors)} inputs")
+        per_input = [[output_lists[r][i] for r in range(self.size())]
+                     for i in range(len(input_tensors))]
+        return self.allgather(per_input, input_tensors, opts)
 
     @staticmethod
     def _uneven(output_lists) -> bool:
@@ -354,10 +433,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             for out, inp in items:
                 self._gather_blocks(comm, out.buffer, inp)
 
-        self._run(what, body, grouped=len(items) > 1)
-        for out, _ in items:
-            out.commit()
-        return done([out for out, _ in pairs])
+        return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
+                         after=self._commit_all([out for out, _ in items]))
 
     def _allgather_base(self, output, input_, opts=None):
         return self._allgather_single("_allgather_base", [(output, input_)])
@@ -390,10 +467,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                     if temp is not None:
                         comm.destroy_op(temp)
 
-        self._run(what, body, grouped=len(items) > 1)
-        for out, _ in items:
-            out.commit()
-        return done([out for out, _ in pairs])
+        return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
+                         after=self._commit_all([out for out, _ in items]))
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -461,25 +536,24 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                 buf = buffer_of(in_flat, reducing=False)
                 comm.all_to_all(in_flat, out_flat, buf.count // n, buf.dtype)
 
-            self._run(what, body)
-        else:
-            def rows(tensor, splits):
-                if splits:
-                    if len(splits) != n:
-                        raise ValueError(f"fakegpu {what}: {len(splits)} split sizes for {n} ranks")
-                    return list(splits)
-                if tensor.shape[0] % n:
-                    raise ValueError(f"fakegpu {what}: dim 0 ({tensor.shape[0]}) not divisible by {n}")
-                return [tensor.shape[0] // n] * n
+            return self._run(what, body, [output], after=out.commit)
 
-            scale = 2 if output.is_complex() else 1
-            out_shape = [*output.shape, scale] if scale == 2 else list(output.shape)
-            in_shape = [*input_.shape, scale] if scale == 2 else list(input_.shape)
-            recvs = self._split_rows(out_flat, out_shape, rows(output, output_splits))
-            sends = self._split_rows(in_flat, in_shape, rows(input_, input_splits))
-            self._run(what, lambda comm: self._exchange(comm, sends, recvs), grouped=True)
-        out.commit()
-        return done([output])
+        def rows(tensor, splits):
+            if splits:
+                if len(splits) != n:
+                    raise ValueError(f"fakegpu {what}: {len(splits)} split sizes for {n} ranks")
+                return list(splits)
+            if tensor.shape[0] % n:
+                raise ValueError(f"fakegpu {what}: dim 0 ({tensor.shape[0]}) not divisible by {n}")
+            return [tensor.shape[0] // n] * n
+
+        scale = 2 if output.is_complex() else 1
+        out_shape = [*output.shape, scale] if scale == 2 else list(output.shape)
+        in_shape = [*input_.shape, scale] if scale == 2 else list(input_.shape)
+        recvs = self._split_rows(out_flat, out_shape, rows(output, output_splits))
+        sends = self._split_rows(in_flat, in_shape, rows(input_, input_splits))
+        return self._run(what, lambda comm: self._exchange(comm, sends, recvs), [output],
+                         grouped=True, after=out.commit)
 
     def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
         return self._all_to_all_single("alltoall_base", output, input_,
@@ -495,12 +569,9 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             raise ValueError(f"fakegpu alltoall: need {n} input and {n} output tensors")
         outs = [_Contiguous(t) for t in output_tensors]
         ins = [_Contiguous(t) for t in input_tensors]
-        self._run("alltoall", lambda comm: self._exchange(
+        return self._run("alltoall", lambda comm: self._exchange(
             comm, [i.buffer.reshape(-1) for i in ins], [o.buffer.reshape(-1) for o in outs]),
-            grouped=True)
-        for o in outs:
-            o.commit()
-        return done(list(output_tensors))
+            output_tensors, grouped=True, after=self._commit_all(outs))
 
     # -- gather / scatter ---------------------------------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -520,10 +591,9 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                 target = torch.view_as_real(staging) if staging.is_complex() else staging
             comm.gather(inp.buffer, target, buf.count, buf.dtype, root)
 
-        self._run("gather", body)
-        if is_root:
-            self._scatter_staging(output_tensors[0], staging)
-        return done([t for outs in output_tensors for t in outs])
+        return self._run("gather", body, [t for outs in output_tensors for t in outs],
+                         after=(lambda: self._scatter_staging(output_tensors[0], staging))
+                         if is_root else None)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -541,19 +611,59 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             buf = buffer_of(out.buffer, reducing=False)
             comm.scatter(staging, out.buffer, buf.count, buf.dtype, root)
 
-        self._run("scatter", body)
-        out.commit()
-        return done(list(output_tensors))
+        return self._run("scatter", body, output_tensors, after=out.commit)
 
     # -- barrier -----------------------------------------------------------------------------------
     def barrier(self, opts=None):
         # As ProcessGroupNCCL: a barrier is a one-element all-reduce.
         token = torch.zeros(1, dtype=torch.float32)
-        self._run("barrier", lambda comm: comm.all_reduce(token, token, 1, "float32", RedOp.sum))
-        return done([token])
+        return self._run("barrier",
+                         lambda comm: comm.all_reduce(token, token, 1, "float32", RedOp.sum),
+                         [token])
 
-    def monitored_barrier(self, timeout=None, wait_all_ranks=False):  # noqa: ARG002
-        self.barrier()
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's monitored barrier (torch refuses to call it for a backend not named gloo;
+        :func:`fakegpu.torch.monitored_barrier` is the public spelling)."""
+        from .monitored import monitored_barrier
+
+        monitored_barrier(self, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+    # -- sparse -------------------------------------------------------------------------------
+    def _sparse_allreduce(self, tensors, reduce_op):
+        """SUM of sparse COO tensors, as gloo does it: every rank's indices and values are
+        all-gathered (padded to the largest nnz) and added up; the result is coalesced."""
+        if len(tensors) != 1:
+            raise ValueError(f"fakegpu allreduce: one sparse tensor at a time, got {len(tensors)}")
+        op_type = getattr(reduce_op, "op", reduce_op)
+        if op_type != dist.ReduceOp.RedOpType.SUM:
+            raise ValueError(f"fakegpu allreduce: sparse tensors support SUM only, not {op_type.name}")
+        tensor = tensors[0]
+        local = tensor.coalesce()
+        n = self.size()
+
+        def body(comm):
+            nnz = torch.tensor([local._nnz()], dtype=torch.int64)
+            counts = torch.empty(n, dtype=torch.int64)
+            comm.all_gather(nnz, counts, 1, "int64")
+            top = int(counts.max())
+            indices = torch.zeros(local.sparse_dim(), top, dtype=torch.int64)
+            indices[:, :local._nnz()] = local.indices()
+            values = torch.zeros((top, *local.values().shape[1:]), dtype=local.dtype)
+            values[:local._nnz()] = local.values()
+            all_idx = torch.empty((n, *indices.shape), dtype=torch.int64)
+            all_val = torch.empty((n, *values.shape), dtype=local.dtype)
+            with library().group():
+                comm.all_gather(indices, all_idx, indices.numel(), "int64")
+                buf = buffer_of(values, reducing=False)
+                comm.all_gather(values, all_val, buf.count, buf.dtype)
+            total = None
+            for r in range(n):
+                k = int(counts[r])
+                part = torch.sparse_coo_tensor(all_idx[r][:, :k], all_val[r][:k], local.shape)
+                total = part if total is None else total + part
+            tensor.copy_(total.coalesce())
+
+        return self._run("allreduce (sparse)", body, [tensor])
 
     # -- point to point ------------------------------------------------------------------------
     def _queue_p2p(self, kind: str, tensors, peer: int) -> FakeGpuWork:
@@ -562,10 +672,11 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"fakegpu {kind}: peer {peer} is not another rank of this "
                              f"{self.size()}-rank group (this is rank {self.rank()})")
-        work = FakeGpuWork(list(tensors), resolve=self._flush_p2p,
-                           source_rank=peer if kind == "recv" else -1)
+        op = Op(kind, self._stream, list(tensors), flush=self._flush_p2p,
+                source_rank=peer if kind == "recv" else -1)
+        work = op.work()
         with self._lock:
-            self._pending_p2p.append((kind, _Contiguous(tensors[0]), peer, work))
+            self._pending_p2p.append((kind, _Contiguous(tensors[0]), peer, op))
         return work
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
@@ -579,30 +690,29 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                            "wildcard receive); pass src=")
 
     def _flush_p2p(self) -> None:
-        """Issue every queued send/recv as one NCCL group, then finish their Work objects."""
+        """Submit every queued send/recv as one NCCL group (one task on the stream)."""
         with self._lock:
             pending, self._pending_p2p = self._pending_p2p, []
             if not pending:
                 return
-            error: Optional[BaseException] = None
-            try:
-                comm = self.comm
-                with library().group():
-                    for kind, item, peer, _ in pending:
-                        buf = buffer_of(item.buffer, reducing=False)
-                        if kind == "send":
-                            comm.send(item.buffer, buf.count, buf.dtype, peer)
-                        else:
-                            comm.recv(item.buffer, buf.count, buf.dtype, peer)
+            comm = self.comm
+
+            def run():
+                try:
+                    with library().group():
+                        for kind, item, peer, _ in pending:
+                            buf = buffer_of(item.buffer, reducing=False)
+                            if kind == "send":
+                                comm.send(item.buffer, buf.count, buf.dtype, peer)
+                            else:
+                                comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                except NcclError as exc:
+                    raise _as_error("send/recv", self.comm_name, exc) from exc
                 for kind, item, _, _ in pending:
                     if kind == "recv":
                         item.commit()
-            except NcclError as exc:
-                error = _as_error("send/recv", self.comm_name, exc)
-            except BaseException as exc:  # keep every queued Work answerable
-                error = exc
-            for *_, work in pending:
-                work._finish(error)
+
+            self._stream.submit(Task("send/recv", run, [op for *_, op in pending]))
 
     # -- groups from groups ------------------------------------------------------------------------
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
@@ -623,7 +733,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             nonlocal new_comm
             new_comm = comm.split(ranks[0] if member else SPLIT_NOCOLOR, self.rank(), name=desc)
 
-        self._run("split_group", body)
+        self._run("split_group", body, []).wait()
         if not member or new_comm is None:
             return None
         store = dist.PrefixStore(f"{name}/", self._store)
@@ -645,8 +755,16 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             self._closed = True
             if not abort:
                 self._flush_p2p()
-            comm, self._comm = self._comm, None
-        if comm is not None:
+            stream, comm, self._comm = self._stream_, self._comm, None
+        idle = True
+        if stream is not None:
+            # Let what was issued finish (bounded by the group's timeout), then stop the thread.
+            idle = abort or stream.drain(self.timeout.total_seconds())
+            stream.close()
+            idle = idle and stream.broken is None
+        if comm is not None and idle:
+            # A stream still inside a call (timed out, or aborted) keeps its communicator:
+            # destroying it under that call is not safe.
             try:
                 comm.abort() if abort else comm.destroy()
             except NcclError:

@@ -1,0 +1,140 @@
+"""PyTorch's own generic distributed tests (``DistributedTest._DistTestBase`` from
+torch/testing/_internal/distributed/distributed_test.py, shipped in the torch wheel) with
+every process group built by gloo or by fakegpu.
+
+    python verification/torch_suites/distributed_suite.py --backend fakegpu --world-size 2 \\
+        [-k PATTERN ...] [--json OUT]
+
+The suite always runs with ``BACKEND=gloo``, so it selects and skips exactly the tests it
+selects for gloo; with ``--backend fakegpu`` every rank then builds its groups with the
+fakegpu backend instead (``init_process_group`` / ``new_group`` asked for gloo get fakegpu),
+against the coordinator named by ``FAKEGPU_COORDINATOR_ADDR`` (``run.py`` starts one).
+Where a test asks the backend's name (``get_backend``) it sees ``fakegpu``.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+import time
+import unittest
+
+os.environ["BACKEND"] = "gloo"  # read by distributed_test at import
+os.environ.setdefault("WORLD_SIZE", "2")
+SUBSTITUTE = os.environ.get("FAKEGPU_SUITE_BACKEND") == "fakegpu"
+
+
+def _substitute_fakegpu_for_gloo() -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import fakegpu.torch  # noqa: F401 - registers the backend
+
+    def as_fakegpu(backend):
+        if backend is None:
+            return None
+        return "fakegpu" if str(backend).lower() == "gloo" else backend
+
+    original_init, original_new_group = c10d.init_process_group, c10d.new_group
+
+    def init_process_group(backend=None, *args, **kwargs):
+        return original_init(as_fakegpu(backend) or "fakegpu", *args, **kwargs)
+
+    def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+        return original_new_group(ranks, timeout, as_fakegpu(backend), *args, **kwargs)
+
+    for module in (dist, c10d):
+        module.init_process_group = init_process_group
+        module.new_group = new_group
+
+
+if SUBSTITUTE:
+    _substitute_fakegpu_for_gloo()
+
+from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+    DistributedTest,
+    TestDistBackend,
+)
+
+
+class TestDistributedSuite(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+class _Recorder(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes: dict[str, str] = {}
+        self._started = {}
+
+    def startTest(self, test):
+        self._started[test.id()] = time.monotonic()
+        super().startTest(test)
+
+    def _set(self, test, outcome):
+        self.outcomes[test.id().rsplit(".", 1)[-1]] = outcome
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._set(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._set(test, "failed")
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._set(test, "error")
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._set(test, "skipped")
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._set(test, "passed")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._set(test, "failed")
+
+
+def test_names(patterns) -> list[str]:
+    names = unittest.TestLoader().getTestCaseNames(TestDistributedSuite)
+    if patterns:
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or p in n for p in patterns)]
+    return list(names)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("gloo", "fakegpu"), required=True)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("-k", dest="patterns", action="append", default=[],
+                        help="run tests whose name contains (or fnmatch-matches) PATTERN")
+    parser.add_argument("--json", help="write {test: passed|failed|error|skipped} here")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args(argv)
+    if (args.backend == "fakegpu") != SUBSTITUTE or str(args.world_size) != os.environ["WORLD_SIZE"]:
+        # The spawned ranks re-import this module: the choice must be in the environment.
+        env = dict(os.environ, FAKEGPU_SUITE_BACKEND=args.backend, WORLD_SIZE=str(args.world_size))
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
+    names = test_names(args.patterns)
+    if args.list:
+        print("\n".join(names))
+        return 0
+    suite = unittest.TestSuite(TestDistributedSuite(n) for n in names)
+    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=1, stream=sys.stderr)
+    result = runner.run(suite)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result.outcomes, fh, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
