@@ -167,8 +167,9 @@ def test_real_pipeline_mode_under_torchrun_enters_unmodified(tmp_path):
             got = None
         else:
             got = torch.zeros(2); dist.recv(got, src=0, group=pp); got = got.tolist()
-        print("RESULT" + json.dumps({"rank": me, "world": dist.get_world_size(), "got": got,
-                                     "env": [os.environ["WORLD_SIZE"], os.environ["RANK"]]}))
+        # One write(2) per line: the two ranks share the pipe, and print() could interleave them.
+        os.write(1, ("RESULT" + json.dumps({"rank": me, "world": dist.get_world_size(), "got": got,
+                                            "env": [os.environ["WORLD_SIZE"], os.environ["RANK"]]}) + "\n").encode())
         dist.destroy_process_group()
     """))
     report = tmp_path / "h.json"

@@ -390,7 +390,15 @@ def test_native_and_python_contracts_agree_on_many_launches(shim_library, tmp_pa
     cases = [{"NGPU": "8", "FAKEGPU_PP_DEGREE": "2", "FAKE_PP_RANK": "1"},
              {"NGPU": "1024", "FAKEGPU_PP_DEGREE": "4", "RANK": "700"},
              {"NGPU": "12", "FAKEGPU_PP_DEGREE": "3", "FAKE_PP_RANK": " 2 ", "RANK": "1"},
-             {"NGPU": "64", "WORLD_SIZE": "1", "RANK": "3"}]
+             {"NGPU": "64", "WORLD_SIZE": "1", "RANK": "3"},
+             # rewritten by the fake-world entry to the logical world; the launcher's values kept aside
+             {"NGPU": "64", "WORLD_SIZE": "64", "RANK": "5", "FAKEGPU_FAKE_WORLD_ENV": "WORLD_SIZE=64 RANK=5",
+              "FAKEGPU_LAUNCH_WORLD_SIZE": "1", "FAKEGPU_LAUNCH_RANK": "0"},
+             {"NGPU": "16", "WORLD_SIZE": "16", "RANK": "0", "FAKEGPU_FAKE_WORLD_ENV": "WORLD_SIZE=16 RANK=0",
+              "FAKEGPU_LAUNCH_WORLD_SIZE": "", "FAKEGPU_LAUNCH_RANK": ""},
+             # a mark that does not match: the values are the launcher's own
+             {"NGPU": "8", "WORLD_SIZE": "1", "RANK": "2", "FAKEGPU_FAKE_WORLD_ENV": "WORLD_SIZE=8 RANK=2",
+              "FAKEGPU_LAUNCH_WORLD_SIZE": "4"}]
     from fakegpu.fake import contract
 
     for i, env in enumerate(cases):

@@ -8,7 +8,33 @@
 namespace fakegpu::fake {
 namespace {
 
-const char* const kVariables[] = {"NGPU", "FAKEGPU_PP_DEGREE", "FAKE_PP_RANK", "RANK", "WORLD_SIZE"};
+const char* const kVariables[] = {"NGPU", "FAKEGPU_PP_DEGREE", "FAKE_PP_RANK", "RANK", "WORLD_SIZE",
+                                  "FAKEGPU_FAKE_WORLD_ENV", "FAKEGPU_LAUNCH_WORLD_SIZE", "FAKEGPU_LAUNCH_RANK"};
+
+// contract.py's launch_view: when the fake-world entry (fakegpu/fake/entry.py) rewrote
+// WORLD_SIZE and RANK to the logical world's, its mark says so, and the launcher's values are
+// in FAKEGPU_LAUNCH_WORLD_SIZE / FAKEGPU_LAUNCH_RANK (empty: the launcher set none).
+std::map<std::string, std::string> launch_view(const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* name) -> const std::string* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : &it->second;
+  };
+  const std::string* mark = get("FAKEGPU_FAKE_WORLD_ENV");
+  if (!mark || mark->empty()) return env;
+  auto shown = [&](const char* name) {  // Python's f"{env.get(name)}": None when missing
+    const std::string* v = get(name);
+    return v ? *v : std::string("None");
+  };
+  if (*mark != "WORLD_SIZE=" + shown("WORLD_SIZE") + " RANK=" + shown("RANK")) return env;
+  std::map<std::string, std::string> view = env;
+  for (auto [name, kept] : {std::pair<const char*, const char*>{"WORLD_SIZE", "FAKEGPU_LAUNCH_WORLD_SIZE"},
+                            std::pair<const char*, const char*>{"RANK", "FAKEGPU_LAUNCH_RANK"}}) {
+    const std::string* v = get(kept);
+    if (v && !v->empty()) view[name] = *v;
+    else view.erase(name);
+  }
+  return view;
+}
 
 std::string strip(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\n\r\f\v"), e = s.find_last_not_of(" \t\n\r\f\v");
@@ -71,7 +97,8 @@ bool int_var(const std::map<std::string, std::string>& env, const char* name, lo
 
 }  // namespace
 
-bool resolve_contract(const std::map<std::string, std::string>& env, Contract* out, std::string* error) {
+bool resolve_contract(const std::map<std::string, std::string>& launch_env, Contract* out, std::string* error) {
+  const std::map<std::string, std::string> env = launch_view(launch_env);
   bool has;
   long long world = 0, p = 1, fake_pp = 0, rank = 0, phys_world = 0;
   if (!int_var(env, "NGPU", 1, &has, &world, error)) return false;
