@@ -1091,7 +1091,22 @@ def _print_reports(cfg: LaunchConfig, before: Mapping[Path, Optional[tuple]], st
         summary = report_summary(cfg.report)
         if summary:
             print(summary, file=sys.stderr, flush=True)
+        if status != 0:
+            # The figures above are what ran before the job failed, not a finished job's.
+            ran = _completed_operations(cfg.report)
+            log(f"the command exited with status {status}: the report covers only what ran before "
+                f"the failure ({'no collective completed' if ran == 0 else f'{ran} operations'}); "
+                f"the ranks' errors are in the command's output above")
     return report_written
+
+
+def _completed_operations(report: Path) -> Optional[int]:
+    """Operations the report counts (None when it cannot say)."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        return int(data["totals"]["operations"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def init_timeout_lines(report: Path) -> list[str]:

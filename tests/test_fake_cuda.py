@@ -319,6 +319,21 @@ def test_fgpu_says_no_rank_reached_nccl_instead_of_a_world_size_1_summary(tmp_pa
     assert "world size" not in done.stderr
 
 
+def test_fgpu_says_a_failed_job_report_covers_only_what_ran(tmp_path, shim_library):
+    """Ranks that created their communicator and then failed before any collective: the summary
+    is followed by a line that says so (not a finished job's figures)."""
+    from helpers.torchrun import fgpu_env
+
+    program = ("import sys\nfrom fakegpu.nccl import Nccl\nn = Nccl()\n"
+               "n.comm_init_rank(1, n.get_unique_id(), 0)\nprint('rank failed', file=sys.stderr)\nsys.exit(4)\n")
+    done = subprocess.run([sys.executable, "-m", "fakegpu", "run", "--", sys.executable, "-c", program],
+                          cwd=tmp_path, env=fgpu_env(shim_library), capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "exited with status 4: the report covers only what ran before the failure" in done.stderr
+    assert "no collective completed" in done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
