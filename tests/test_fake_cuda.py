@@ -415,8 +415,15 @@ def test_flex_attention_cuda_graphs_and_newer_distributed_apis_under_fake_cuda()
     assert got["set_timeout_ok"] and got["step_arg_mbs_equal"] and len(got["step_losses"]) == 2
 
 
-HAS_TORCHTITAN = all(importlib.util.find_spec(m) is not None
-                     for m in ("torchtitan", "tensorboard", "tokenizers", "datasets"))
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+# torchtitan.train, not torchtitan: a folder of that name on sys.path would be a namespace package.
+HAS_TORCHTITAN = all(_installed(m) for m in ("tensorboard", "tokenizers", "datasets", "torchtitan.train"))
 
 
 @pytest.mark.slow
@@ -425,13 +432,13 @@ HAS_TORCHTITAN = all(importlib.util.find_spec(m) is not None
                     reason="TorchTitan 0.3.0 (with tensorboard, tokenizers, datasets) is not "
                            "installed; CI does not install it")
 def test_torchtitan_fsdp2_x_tp2_matches_its_cpu_port(tmp_path, shim_library):
-    # TorchTitan unmodified under fgpu, against verification/torchtitan/cpu_port.py; every
+    # TorchTitan unmodified under fgpu, against verification/titan/cpu_port.py; every
     # reduction group of the 2 x 2 mesh has two ranks, so the driver demands bit for bit.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
     env["FAKEGPU_NCCL_LIBRARY"] = shim_library
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "verification" / "torchtitan" / "run_titan.py"),
+        [sys.executable, str(REPO_ROOT / "verification" / "titan" / "run_titan.py"),
          "--steps", "2", "--only", "fsdp2_tp2", "--workdir", str(tmp_path), "--timeout", "600"],
         env=env, capture_output=True, text=True, timeout=1300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]

@@ -73,6 +73,6 @@ def write_assets(directory: str) -> tuple[str, str]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python verification/torchtitan/assets.py DIRECTORY")
+        sys.exit("usage: python verification/titan/assets.py DIRECTORY")
     for path in write_assets(sys.argv[1]):
         print(path)

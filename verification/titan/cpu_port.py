@@ -4,7 +4,7 @@ TorchTitan 0.3.0 has no CPU training path (on a CPU torch it asks for CUDA devic
 NCCL).  This launcher is the smallest hand port that runs it on the CPU, unmodified
 otherwise, as a torchrun worker without fakegpu:
 
-    torchrun --standalone --nproc-per-node 4 verification/torchtitan/cpu_port.py \\
+    torchrun --standalone --nproc-per-node 4 verification/titan/cpu_port.py \\
         --module llama3 --config llama3_debugmodel ...   (the same options as the GPU run)
 
 What the port changes, before TorchTitan is imported:

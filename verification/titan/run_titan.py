@@ -3,14 +3,14 @@
 For each configuration (FSDP 4, FSDP 2 x TP 2, PP 2 x FSDP 2, all on 4 ranks) this runs
 
   fake:  fgpu --device-count 4 -- torchrun --standalone --nproc-per-node 4 -m torchtitan.train OPTS
-  port:  torchrun --standalone --nproc-per-node 4 verification/torchtitan/cpu_port.py OPTS
+  port:  torchrun --standalone --nproc-per-node 4 verification/titan/cpu_port.py OPTS
 
 with the same OPTS (TorchTitan's own options only), reads the losses and gradient norms each
 run logged to TensorBoard, and prints a table.  Losses must be equal bit for bit where every
 reduction group has two ranks and within rtol 1e-5 otherwise; exit status 1 if not.
 
     PYTHONPATH=$PWD FAKEGPU_NCCL_LIBRARY=build/libnccl.so.2 \\
-        nice -n 10 python verification/torchtitan/run_titan.py [--steps 4] [--only fsdp]
+        nice -n 10 python verification/titan/run_titan.py [--steps 4] [--only fsdp]
 
 Why these options (see docs/fake-cuda.md, "TorchTitan"):
   --parallelism.spmd-backend partial_dtensor  the default (spmd_types) needs torch's nightly FSDP2
