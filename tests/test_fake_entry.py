@@ -238,3 +238,29 @@ def test_capture_memory_takes_the_four_captures_through_global_hooks(tmp_path):
     cmp_ = _run(["-m", "fakegpu.fake.memory", "compare", str(runs[64][0]), str(runs[512][0]),
                  "--point", "steady_state_fwd_bwd"], _env())
     assert "allocated_bytes.all.current" in cmp_.stdout and "logical rank 3" in cmp_.stdout
+
+
+PIPELINE_PROGRAM = textwrap.dedent(r"""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    dist.init_process_group()
+    pp = dist.new_group([0, 1])
+    stage = PipelineStage(torch.nn.Linear(4, 4), stage_index=0, num_stages=2, device=torch.device("cpu"),
+                          group=pp)
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, target: out.sum())
+    schedule.step(torch.ones(4, 4))
+""")
+
+
+def test_a_pipeline_schedule_in_pure_fake_mode_says_why_it_cannot_run(tmp_path):
+    """The schedule needs its neighbour stage's shapes from that stage's process; in pure fake mode
+    there is none. The failure names the reason and the mode to use, not only torch's metadata error."""
+    pytest.importorskip("torch")
+    script = tmp_path / "pp.py"
+    script.write_text(PIPELINE_PROGRAM)
+    proc = _run([str(script)], _env(NGPU=2, FAKEGPU_PP_DEGREE=2, FAKE_PP_RANK=0), ok=False)
+    assert proc.returncode != 0
+    assert "pipelining schedules cannot run in pure fake mode" in proc.stderr, proc.stderr[-3000:]
+    assert "--dist-mode real_pp_fake_spmd" in proc.stderr

@@ -137,3 +137,39 @@ def install() -> None:
     from fakegpu.fake_cuda import torch_compat
 
     torch_compat.install(skip_backend=fake_pg.BACKEND_NAME)
+    if (os.environ.get("FAKEGPU_DIST_MODE") or "").strip().lower() == _contract.MODE_FAKE:
+        _explain_pipeline_failures()
+
+
+PIPELINE_HINT = (
+    "fakegpu: torch.distributed.pipelining schedules cannot run in pure fake mode: a stage "
+    "receives its neighbours' activation and gradient shapes from their processes, and in one "
+    "process those stages do not exist. Run one process per pipeline rank instead: "
+    "NGPU=N FAKEGPU_PP_DEGREE=P fgpu --dist-mode real_pp_fake_spmd -- torchrun --nproc-per-node P ... "
+    "(docs/fake-worlds.md, \"Why pipelining schedules do not run in pure fake mode\")")
+
+
+def _explain_pipeline_failures() -> None:
+    """A pipeline schedule that fails in pure fake mode on its peers' metadata fails with the
+    reason and what to run instead, not only torch's "Expected _StageBackwardMeta" line."""
+    try:
+        from torch.distributed.pipelining import _utils, schedules
+    except ImportError:
+        return
+    metadata_error = getattr(_utils, "PipeliningMetadataError", None)
+    if metadata_error is None:
+        return
+    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        original = cls.step
+        if getattr(original, "_fakegpu_explained", False):
+            continue
+
+        def step(self, *args, __original=original, **kwargs):
+            try:
+                return __original(self, *args, **kwargs)
+            except metadata_error as exc:
+                raise RuntimeError(f"{PIPELINE_HINT}; torch said: {exc}") from exc
+
+        functools.update_wrapper(step, original)
+        step._fakegpu_explained = True
+        cls.step = step
