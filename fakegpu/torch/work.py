@@ -27,6 +27,7 @@ an NCCL watchdog abort.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import threading
@@ -305,6 +306,13 @@ class Stream:
             self._closed = True
             self.cond.notify_all()
 
+    def join(self, seconds: float) -> None:
+        """Close, and wait up to ``seconds`` for the thread to finish what was queued."""
+        self.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(seconds)
+
     def check_timeout(self, now: float) -> None:
         """Watchdog: fail the running task (and the group) once it overran the timeout."""
         with self.cond:
@@ -343,6 +351,7 @@ class _Watchdog:
         self._streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
 
     def watch(self, stream: Stream) -> None:
         with self._lock:
@@ -351,10 +360,25 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name="fakegpu-watchdog")
                 self._thread.start()
+                atexit.register(self.shutdown)
+
+    def shutdown(self, seconds: float = 5.0) -> None:
+        """At interpreter exit: end every stream thread and this one while Python still runs.
+        A daemon thread still inside torch's C++ (a future's callbacks, a GIL hand-over) when the
+        interpreter finalizes is unwound by pthread_exit through noexcept frames, which aborts
+        the process ("terminate called without an active exception")."""
+        self._stop.set()
+        with self._lock:
+            streams = list(self._streams)
+        deadline = time.monotonic() + seconds
+        for stream in streams:
+            stream.join(max(0.0, deadline - time.monotonic()))
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _loop(self) -> None:
-        while True:
-            time.sleep(self.PERIOD_S)
+        while not self._stop.wait(self.PERIOD_S):
             now = time.monotonic()
             with self._lock:
                 streams = list(self._streams)
