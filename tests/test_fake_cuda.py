@@ -131,6 +131,18 @@ def _run_probe(name: str, env: dict, check: bool = True) -> subprocess.Completed
     return done
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_daemon_thread_computing_at_exit_does_not_abort_the_finished_program(shim_library):
+    # Before the shim parked such threads (native/src/python/thread_exit.cc), this exited with
+    # SIGABRT every time: "terminate called without an active exception".
+    done = _run_probe("probe_daemon_thread_at_exit.py",
+                      _rank_env(FAKEGPU_FAKE_CUDA="1", LD_PRELOAD=shim_library), check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == "main done"
+    assert "terminate called" not in done.stderr
+
+
 TWO_GPU_NODE = textwrap.dedent("""
     version: 1
     cluster: {name: probe, default_backend: nccl}

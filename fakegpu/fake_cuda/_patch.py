@@ -334,11 +334,39 @@ def _modes_in_new_threads() -> None:
     original = threading.Thread._bootstrap_inner
 
     def _bootstrap_inner(self):
-        for mode in _modes:
-            mode.__enter__()
-        original(self)
+        entered = []
+        try:
+            for mode in _modes:
+                mode.__enter__()
+                entered.append(mode)
+            original(self)
+        finally:
+            # Leave the modes while this thread still holds the GIL.  Left in the thread's
+            # C++ mode stacks, they would be released by its thread-local destructors after
+            # the thread let go of Python; when that happens while the interpreter finalizes
+            # (a thread ending as the program exits), taking the GIL there ends the thread
+            # inside a noexcept destructor and the process aborts ("terminate called without
+            # an active exception") after the program itself had finished.
+            for mode in reversed(entered):
+                try:
+                    mode.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001 - the thread's own stack was left unbalanced
+                    _clear_mode_stacks()
+                    break
 
     threading.Thread._bootstrap_inner = _bootstrap_inner
+
+
+def _clear_mode_stacks() -> None:
+    """Empty this thread's torch-dispatch and torch-function mode stacks (a thread that left
+    modes of its own above ours, so ours cannot be exited in order)."""
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
+
+    while _get_current_dispatch_mode_stack():
+        _pop_mode()
+    while torch._C._len_torch_function_stack():
+        torch._C._pop_torch_function_stack()
 
 
 _modes: list = []
