@@ -143,6 +143,20 @@ def test_a_daemon_thread_computing_at_exit_does_not_abort_the_finished_program(s
     assert "terminate called" not in done.stderr
 
 
+@pytest.mark.parametrize("memory", ["1", "0"])
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_optimizers_of_fake_device_parameters_take_the_gpu_foreach_path_with_the_same_bits(memory):
+    done = _run_probe("probe_optim_defaults.py", _rank_env(FAKEGPU_FAKE_CUDA="1", FAKEGPU_FAKE_CUDA_MEMORY=memory),
+                      check=False)
+    if memory == "0":
+        # Without memory tracking no storage is placed: every CPU parameter counts as the GPU's.
+        assert done.returncode != 0 and "CPU parameters took the foreach path" in done.stderr, done.stderr[-3000:]
+    else:
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert done.stdout.strip() == "ok"
+
+
 TWO_GPU_NODE = textwrap.dedent("""
     version: 1
     cluster: {name: probe, default_backend: nccl}

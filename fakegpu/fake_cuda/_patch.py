@@ -419,7 +419,11 @@ def install() -> None:
     # Last: from here on every torch call sees the modes.  The tracking mode (per-device
     # memory accounting) costs a Python call on every aten op; FAKEGPU_FAKE_CUDA_MEMORY=0
     # leaves it out for speed, and the memory API then reports nothing allocated.
-    if os.environ.get(MEMORY_ENV, "1").strip().lower() not in ("0", "false", "no", "off"):
+    tracking_memory = os.environ.get(MEMORY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    from . import optim_defaults
+
+    optim_defaults.install(rt.state().memory if tracking_memory else None)
+    if tracking_memory:
         tracking = TrackingMode(rt.state().memory)
         tracking.__enter__()
         _modes.append(tracking)
