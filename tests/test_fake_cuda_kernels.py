@@ -51,6 +51,24 @@ def test_cudnn_sdpa_called_directly_equals_math(probe):
     assert probe["cudnn_sdpa"] == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_efficient_attention_called_directly_equals_math(probe):
+    # output, log-sum-exp rows, and the gradients of q, k, v and the bias
+    out_diff, lse_diff, *grads = probe["efficient_bias_causal"]
+    assert out_diff == 0.0 and grads == [0.0, 0.0, 0.0, 0.0]
+    assert lse_diff < 1e-5
+    # (batch, heads, query length padded to 32), +inf past the end; the max lengths
+    assert probe["efficient_lse"] == [[2, 3, 32], True, 10, 10]
+    varlen_diff, lse_shape = probe["efficient_varlen_bottom_right"]
+    assert varlen_diff == 0.0
+    assert lse_shape == [2, 2, 32]   # one row set per sequence
+
+
+def test_efficient_attention_window_is_refused_in_one_line(probe):
+    message = probe["efficient_window_refusal"]
+    assert message and message.startswith("fakegpu: aten::_efficient_attention_forward with window_size=4")
+    assert "\n" not in message
+
+
 def test_sdpa_kernel_contexts_run_within_rounding_of_math(probe):
     assert probe["sdpa_EFFICIENT_ATTENTION"] == 0.0    # math fallback
     assert probe["sdpa_CUDNN_ATTENTION"] == 0.0

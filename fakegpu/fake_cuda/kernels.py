@@ -1,8 +1,9 @@
 """CPU kernels for attention ops torch implements only for CUDA, for programs that call them
 directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_attention`` /
-``_cudnn_attention``, the flash kernels ``_flash_attention_forward`` / ``_backward`` in
-their dense and variable-length forms, which ``torch.nn.attention.varlen.varlen_attn``
-calls, and their backwards).  They compute torch's math attention, the exact reference the fused
+``_cudnn_attention``, the xformers-style ``_efficient_attention_forward`` / ``_backward``,
+the flash kernels ``_flash_attention_forward`` / ``_backward`` in their dense and
+variable-length forms, which ``torch.nn.attention.varlen.varlen_attn`` calls, and their
+backwards).  They compute torch's math attention, the exact reference the fused
 kernels approximate; the backward recomputes it under autograd.  Dropout is refused: the
 CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its own.
 """
@@ -205,6 +206,108 @@ def cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed
     return grads[0], grads[1], grads[2]
 
 
+# xformers-style memory-efficient attention (aten::_efficient_attention_forward / _backward):
+# (batch, length, heads, dim) tensors, an additive bias, variable lengths through cumulative
+# offsets (batch 1), and a causal mask aligned top left (custom_mask_type 1) or bottom right (2).
+_EFFICIENT_MASKS = {0: None, 1: "top_left", 2: "bottom_right"}
+_LSE_ALIGN = 32  # the kernel's log-sum-exp rows are padded to a multiple of 32 (torch's meta)
+
+
+def _efficient_attend(query, key, value, bias, mask_kind, scale):
+    """Output and float32 log-sum-exp of (batch, heads, length, dim) tensors."""
+    lq, lk = query.shape[-2], key.shape[-2]
+    additive = None
+    if mask_kind is not None:
+        i = torch.arange(lq).unsqueeze(1) + (lk - lq if mask_kind == "bottom_right" else 0)
+        keep = torch.arange(lk).unsqueeze(0) <= i
+        additive = torch.zeros(lq, lk, dtype=query.dtype).masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        additive = bias.to(query.dtype) if additive is None else bias.to(query.dtype) + additive
+    out = torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, additive, 0.0, False, None, scale=scale)[0]
+    with torch.no_grad():
+        factor = scale if scale is not None else query.shape[-1] ** -0.5
+        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * factor
+        if additive is not None:
+            scores = scores + additive.float()
+        lse = torch.logsumexp(scores, dim=-1)
+    return out, lse
+
+
+def _efficient(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, mask_kind, scale):
+    """Per sequence (dense batch, or the pieces of a variable-length batch of 1): outputs in
+    (batch, length, heads, dim) and the log-sum-exp rows (sequences, heads, length) each."""
+    if cu_seqlens_q is None:
+        out, lse = _efficient_attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                     bias, mask_kind, scale)
+        return out.transpose(1, 2), [lse[b] for b in range(lse.shape[0])]
+    if bias is not None:
+        _unsupported_argument("_efficient_attention_forward", "a bias and cu_seqlens together")
+    outs, lses = [], []
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for n in range(len(starts_q) - 1):
+        q = query[:, starts_q[n]:starts_q[n + 1]].transpose(1, 2)
+        k = key[:, starts_k[n]:starts_k[n + 1]].transpose(1, 2)
+        v = value[:, starts_k[n]:starts_k[n + 1]].transpose(1, 2)
+        out, lse = _efficient_attend(q, k, v, None, mask_kind, scale)
+        outs.append(out.transpose(1, 2))
+        lses.append(lse[0])
+    return torch.cat(outs, dim=1), lses
+
+
+def _efficient_mask(op: str, custom_mask_type: int):
+    if custom_mask_type not in _EFFICIENT_MASKS:
+        _unsupported_argument(op, f"custom_mask_type={custom_mask_type}")
+    return _EFFICIENT_MASKS[custom_mask_type]
+
+
+def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, dropout_p, custom_mask_type, compute_log_sumexp=False, *,
+                                scale=None, seqlen_k=None, window_size=None):
+    op = "_efficient_attention_forward"
+    _no_dropout(op, dropout_p)
+    if seqlen_k is not None:
+        _unsupported_argument(op, "seqlen_k")
+    if window_size is not None and window_size > 0:
+        _unsupported_argument(op, f"window_size={window_size}")
+    mask_kind = _efficient_mask(op, custom_mask_type)
+    out, lses = _efficient(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, mask_kind, scale)
+    rows_q = max_seqlen_q if cu_seqlens_q is not None and max_seqlen_q is not None else query.shape[1]
+    rows_k = max_seqlen_k if max_seqlen_k is not None else key.shape[1]
+    width = -(-rows_q // _LSE_ALIGN) * _LSE_ALIGN if compute_log_sumexp else 0
+    # Rows past a sequence's end hold +inf, as the kernel writes them.
+    logsumexp = torch.full((len(lses), query.shape[2], width), float("inf"), dtype=torch.float32)
+    if width:
+        for n, lse in enumerate(lses):
+            logsumexp[n, :, :lse.shape[-1]] = lse
+    empty = torch.zeros((), dtype=torch.int64)
+    return out, logsumexp, empty, empty.clone(), rows_q, rows_k
+
+
+def efficient_attention_backward(grad_out, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
+                                 philox_offset, custom_mask_type, bias_requires_grad, *, scale=None,
+                                 num_splits_key=None, window_size=None,
+                                 shared_storage_dqdkdv=False):  # noqa: ARG001
+    op = "_efficient_attention_backward"
+    _no_dropout(op, dropout_p)
+    if window_size is not None and window_size > 0:
+        _unsupported_argument(op, f"window_size={window_size}")
+    mask_kind = _efficient_mask(op, custom_mask_type)
+    with _autograd_back_on(), torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
+        inputs = [q, k, v]
+        b = None
+        if bias is not None:
+            b = bias.detach().requires_grad_(bool(bias_requires_grad))
+            if bias_requires_grad:
+                inputs.append(b)
+        result, _ = _efficient(q, k, v, b, cu_seqlens_q, cu_seqlens_k, mask_kind, scale)
+        grads = torch.autograd.grad(result, inputs, grad_out)
+    grad_bias = grads[3] if len(grads) > 3 else torch.empty((), dtype=query.dtype)
+    return grads[0], grads[1], grads[2], grad_bias
+
+
 def register() -> None:
     """Register the kernels for the CPU dispatch key (once per process)."""
     global _library
@@ -218,7 +321,9 @@ def register() -> None:
                          ("_flash_attention_forward", flash_attention_forward),
                          ("_flash_attention_backward", flash_attention_backward),
                          ("_scaled_dot_product_cudnn_attention", cudnn_sdpa_forward),
-                         ("_scaled_dot_product_cudnn_attention_backward", cudnn_sdpa_backward)):
+                         ("_scaled_dot_product_cudnn_attention_backward", cudnn_sdpa_backward),
+                         ("_efficient_attention_forward", efficient_attention_forward),
+                         ("_efficient_attention_backward", efficient_attention_backward)):
         library.impl(name, kernel, "CPU")
     _library = library
 

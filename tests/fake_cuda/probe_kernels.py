@@ -60,6 +60,45 @@ qr, kr, vr = leaves(qc, kc, vc)
 math(qr, kr, vr, None, 0.0, True, None)[0].backward(grad)
 out["cudnn_sdpa"] = [diff(fwd[0], ref), diff(bwd[0], qr.grad), diff(bwd[1], kr.grad), diff(bwd[2], vr.grad)]
 
+# xformers-style aten::_efficient_attention_forward / _backward, (batch, length, heads, dim):
+# a bias with a causal mask from the top left, and a causal mask from the bottom right on
+# variable-length sequences; against the math kernel on the same masks.
+qe, ke, ve = (torch.randn(2, 10, 3, 8, device="cuda") for _ in range(3))
+bias = torch.randn(2, 3, 10, 10, device="cuda")
+res = torch.ops.aten._efficient_attention_forward(qe, ke, ve, bias, None, None, None, None, 0.0, 1, True)
+i, j = torch.arange(10).unsqueeze(1), torch.arange(10).unsqueeze(0)
+causal = torch.zeros(10, 10).masked_fill(j > i, float("-inf"))
+qr, kr, vr, br = leaves(qe.transpose(1, 2), ke.transpose(1, 2), ve.transpose(1, 2), bias)
+ref = math(qr, kr, vr, br + causal, 0.0, False, None)[0]
+scores = (qe.transpose(1, 2) @ ke.transpose(1, 2).transpose(-2, -1)) * 8 ** -0.5 + bias + causal
+grad = torch.randn_like(ref)
+ref.backward(grad)
+bwd = torch.ops.aten._efficient_attention_backward(
+    grad.transpose(1, 2), qe, ke, ve, bias, res[0], None, None, 10, 10, res[1], 0.0, res[2], res[3], 1, True)
+out["efficient_bias_causal"] = [diff(res[0], ref.transpose(1, 2)), diff(res[1][:, :, :10], torch.logsumexp(scores, -1)),
+                                diff(bwd[0], qr.grad.transpose(1, 2)), diff(bwd[1], kr.grad.transpose(1, 2)),
+                                diff(bwd[2], vr.grad.transpose(1, 2)), diff(bwd[3], br.grad)]
+out["efficient_lse"] = [list(res[1].shape), bool(torch.isinf(res[1][:, :, 10:]).all()), res[4], res[5]]
+qv, kv, vv = torch.randn(1, 9, 2, 8, device="cuda"), torch.randn(1, 12, 2, 8, device="cuda"), \
+    torch.randn(1, 12, 2, 8, device="cuda")
+cq = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
+ck = torch.tensor([0, 6, 12], dtype=torch.int32, device="cuda")
+res = torch.ops.aten._efficient_attention_forward(qv, kv, vv, None, cq, ck, 5, 6, 0.0, 2, True)
+parts = []
+for (a, b), (c, d) in (((0, 4), (0, 6)), ((4, 9), (6, 12))):
+    lq, lk = b - a, d - c
+    keep = torch.arange(lk).unsqueeze(0) <= torch.arange(lq).unsqueeze(1) + (lk - lq)
+    mask = torch.zeros(lq, lk).masked_fill(~keep, float("-inf"))
+    parts.append(math(qv[:, a:b].transpose(1, 2), kv[:, c:d].transpose(1, 2), vv[:, c:d].transpose(1, 2),
+                      mask, 0.0, False, None)[0].transpose(1, 2))
+out["efficient_varlen_bottom_right"] = [diff(res[0], torch.cat(parts, dim=1)), list(res[1].shape)]
+try:
+    torch.ops.aten._efficient_attention_forward(qe, ke, ve, None, None, None, None, None, 0.0, 0, False,
+                                                window_size=4)
+    out["efficient_window_refusal"] = None
+except Exception as exc:  # noqa: BLE001
+    out["efficient_window_refusal"] = str(exc)
+
 # sdpa_kernel contexts that enable only backends without CPU kernels still run (math), and
 # the flash context uses torch's CPU flash kernel; both within float rounding of math.
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
