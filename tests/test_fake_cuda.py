@@ -104,6 +104,42 @@ def test_out_of_memory_after_releasing_the_cache():
     assert m.malloc(20 * MiB).size == 20 * MiB     # fits once the cache is released
 
 
+def test_random_allocation_sequences_keep_the_allocators_invariants():
+    import random
+
+    rng = random.Random(7)
+    m = A.CachingAllocatorModel(0, 4 << 30)
+    live = {}
+    for step in range(3000):
+        if live and rng.random() < 0.45:
+            key = rng.choice(list(live))
+            m.free(live.pop(key))
+        else:
+            nbytes = rng.choice([1, 700, 4096, 600_000, 1 << 20, 3 * MiB + 5, 12 * MiB])
+            live[step] = m.malloc(nbytes)
+        if step % 250 == 0:
+            m.release_cached()
+    segments = m.segments
+    assert m.allocated == sum(b.size for b in live.values())
+    assert m.reserved == sum(s.size for s in segments)
+    for segment in segments:
+        blocks = segment.blocks
+        assert sum(b.size for b in blocks) == segment.size
+        assert [b.address for b in blocks] == sorted(b.address for b in blocks)
+        assert blocks[0].address == segment.address
+        for a, b in zip(blocks, blocks[1:]):
+            assert a.address + a.size == b.address
+            assert a.allocated or b.allocated, "two free neighbours were not merged"
+    stats = m.memory_stats()
+    assert stats["allocation.all.current"] == len(live)
+    assert stats["requested_bytes.all.current"] == sum(b.requested for b in live.values())
+    assert stats["allocated_bytes.all.peak"] >= m.allocated
+    for block in list(live.values()):
+        m.free(block)
+    m.release_cached()
+    assert (m.allocated, m.reserved, len(m.segments)) == (0, 0, 0)
+
+
 def test_device_count_defaults():
     assert device_count_from({}) == 1
     assert device_count_from({"LOCAL_WORLD_SIZE": "4"}) == 4

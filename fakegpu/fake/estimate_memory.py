@@ -267,9 +267,9 @@ def estimate(flavor: str, dp_shard: int, local_batch_size: int, seq_len: int, ac
     result.update({
         "tracked_peak_bytes": by_kind.get("Total", 0),
         "tracked_peak_by_category": by_kind,
-        "allocator_peak_allocated_bytes": int(replay.allocator.stats["allocated_bytes"].by_pool["all"].peak),
-        "allocator_peak_reserved_bytes": int(replay.allocator.stats["reserved_bytes"].by_pool["all"].peak),
-        "allocator_end_allocated_bytes": int(replay.allocator.stats["allocated_bytes"].by_pool["all"].current),
+        "allocator_peak_allocated_bytes": int(replay.allocator.stat("allocated_bytes", field="peak")),
+        "allocator_peak_reserved_bytes": int(replay.allocator.stat("reserved_bytes", field="peak")),
+        "allocator_end_allocated_bytes": int(replay.allocator.stat("allocated_bytes")),
         "seconds": round(time.time() - t0, 1),
     })
     return result

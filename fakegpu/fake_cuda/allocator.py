@@ -20,320 +20,226 @@ like a GPU run's.  The rules it follows (defaults, no ``PYTORCH_CUDA_ALLOC_CONF`
 
 One stream only: the real allocator keeps blocks of different streams apart, fake devices
 run everything in order.
+
+The model itself is C++ in the shim (native/src/allocator/caching_allocator_model.cc): it
+runs on every tensor allocation of a fake CUDA program, where a Python model cost about
+20 us per allocation and free.  This module drives it through cffi and shapes its figures
+the way ``torch.cuda`` reports them.
 """
 from __future__ import annotations
 
-import bisect
-import dataclasses
+import threading
 from typing import Optional
 
 MIN_BLOCK_SIZE = 512
 SMALL_SIZE = 1 << 20
-SMALL_BUFFER = 2 << 20
-LARGE_BUFFER = 20 << 20
-MIN_LARGE_ALLOC = 10 << 20
-ROUND_LARGE = 2 << 20
 
-_POOLS = ("small_pool", "large_pool")
+_CDEF = """
+void* fakegpu_alloc_model_new(int device, uint64_t total_memory);
+void fakegpu_alloc_model_delete(void* model);
+uint64_t fakegpu_alloc_model_malloc(void* model, uint64_t nbytes);
+void fakegpu_alloc_model_free(void* model, uint64_t handle);
+uint64_t fakegpu_alloc_model_block_size(void* model, uint64_t handle);
+void fakegpu_alloc_model_release_cached(void* model);
+void fakegpu_alloc_model_reset_peak(void* model);
+void fakegpu_alloc_model_reset_accumulated(void* model);
+void fakegpu_alloc_model_stats(void* model, int64_t* out);
+uint64_t fakegpu_alloc_model_blocks(void* model, uint64_t* out, uint64_t capacity);
+uint64_t fakegpu_alloc_round_size(uint64_t nbytes);
+uint64_t fakegpu_alloc_segment_size(uint64_t rounded);
+"""
+
+_lock = threading.Lock()
+_loaded = None  # (ffi, lib)
+
+
+def _library():
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                from cffi import FFI
+
+                import fakegpu
+
+                path = fakegpu.nccl_library_path()
+                ffi = FFI()
+                ffi.cdef(_CDEF)
+                lib = ffi.dlopen(path)
+                try:
+                    lib.fakegpu_alloc_model_new
+                except AttributeError:
+                    raise RuntimeError(f"{path} has no fakegpu_alloc_model_new: it is not this fakegpu's shim "
+                                       "(unset FAKEGPU_NCCL_LIBRARY or rebuild build/libnccl.so.2)") from None
+                _loaded = (ffi, lib)
+    return _loaded
 
 
 def round_size(size: int) -> int:
-    if size < MIN_BLOCK_SIZE:
-        return MIN_BLOCK_SIZE
-    return MIN_BLOCK_SIZE * ((size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+    """A request rounded as the allocator rounds it (multiples of 512 bytes, at least 512)."""
+    return int(_library()[1].fakegpu_alloc_round_size(int(size)))
 
 
 def segment_size(rounded: int) -> int:
     """Size of the new segment (cudaMalloc) for a rounded request that found no free block."""
-    if rounded <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if rounded < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return ROUND_LARGE * ((rounded + ROUND_LARGE - 1) // ROUND_LARGE)
+    return int(_library()[1].fakegpu_alloc_segment_size(int(rounded)))
 
 
 def pool_of(rounded: int) -> str:
     return "small_pool" if rounded <= SMALL_SIZE else "large_pool"
 
 
-class Block:
-    """A piece of a segment; neighbours are linked, as in the real allocator, so that a free
-    merges in constant time."""
-    __slots__ = ("segment", "address", "size", "requested", "allocated", "prev", "next")
-
-    def __init__(self, segment: "Segment", address: int, size: int):
-        self.segment = segment
-        self.address = address
-        self.size = size
-        self.requested = 0
-        self.allocated = False
-        self.prev: Optional[Block] = None
-        self.next: Optional[Block] = None
-
-
-@dataclasses.dataclass(eq=False)
-class Segment:
-    address: int
-    size: int
-    pool: str
-    head: Optional[Block] = None
-
-    @property
-    def blocks(self) -> list:
-        """The blocks in address order."""
-        out, block = [], self.head
-        while block is not None:
-            out.append(block)
-            block = block.next
-        return out
-
-    def wholly_free(self) -> bool:
-        return self.head.next is None and not self.head.allocated
-
-
-class _Stat:
-    __slots__ = ("current", "peak", "allocated", "freed")
-
-    def __init__(self):
-        self.current = self.peak = self.allocated = self.freed = 0
-
-    def add(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        self.peak = max(self.peak, self.current)
-
-    def sub(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    def reset_accumulated(self) -> None:
-        self.allocated = self.freed = 0
-
-
-class _StatSet:
-    """One stat per pool plus the aggregate, as the allocator's ``StatArray``."""
-    __slots__ = ("by_pool", "_all")
-
-    def __init__(self):
-        self.by_pool = {"all": _Stat(), "small_pool": _Stat(), "large_pool": _Stat()}
-        self._all = self.by_pool["all"]
-
-    def add(self, pool: str, amount: int) -> None:
-        # _Stat.add inlined and unrolled for the aggregate and the pool: this runs per op.
-        stat = self._all
-        current = stat.current + amount
-        stat.current = current
-        stat.allocated += amount
-        if current > stat.peak:
-            stat.peak = current
-        stat = self.by_pool[pool]
-        current = stat.current + amount
-        stat.current = current
-        stat.allocated += amount
-        if current > stat.peak:
-            stat.peak = current
-
-    def sub(self, pool: str, amount: int) -> None:
-        stat = self._all
-        stat.current -= amount
-        stat.freed += amount
-        stat = self.by_pool[pool]
-        stat.current -= amount
-        stat.freed += amount
-
-
 class OutOfMemory(Exception):
     """Raised by the model; the runtime turns it into ``torch.OutOfMemoryError``."""
 
 
+# The C++ model's stat table, in its order; "active" is "allocation" with one stream (a block
+# is active exactly while it is allocated), "active_bytes" is "allocated_bytes".
+_MODEL_STATS = ("allocation", "segment", "inactive_split", "allocated_bytes", "reserved_bytes",
+                "inactive_split_bytes", "requested_bytes")
 _STAT_NAMES = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
                "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+_ALIASES = {"active": "allocation", "active_bytes": "allocated_bytes"}
+_STAT_POOLS = ("all", "small_pool", "large_pool")
+_FIELDS = ("current", "peak", "allocated", "freed")
+_STATS_LEN = len(_MODEL_STATS) * len(_STAT_POOLS) * len(_FIELDS) + 4
+_BLOCK_RECORD = 7
+_ALLOCATED_BIT = 1 << 63
+
+
+def _stat_index(name: str, pool: str = "all", field: str = "current") -> int:
+    name = _ALIASES.get(name, name)
+    return ((_MODEL_STATS.index(name) * len(_STAT_POOLS) + _STAT_POOLS.index(pool)) * len(_FIELDS)
+            + _FIELDS.index(field))
+
+
+_ALLOCATED_INDEX = _stat_index("allocated_bytes")
+_RESERVED_INDEX = _stat_index("reserved_bytes")
+
+
+class Block:
+    """An allocation the model placed: ``free`` it with the model that returned it."""
+    __slots__ = ("handle", "requested", "_model")
+
+    def __init__(self, handle: int, requested: int, model: "CachingAllocatorModel"):
+        self.handle = handle
+        self.requested = requested
+        self._model = model
+
+    @property
+    def size(self) -> int:
+        """The bytes the allocator gave it (0 once freed)."""
+        model = self._model
+        return int(model._lib.fakegpu_alloc_model_block_size(model._model, self.handle))
+
+
+class BlockView:
+    """A block of a segment, as :attr:`CachingAllocatorModel.segments` shows it."""
+    __slots__ = ("address", "size", "requested", "allocated")
+
+    def __init__(self, address: int, size: int, requested: int, allocated: bool):
+        self.address, self.size, self.requested, self.allocated = address, size, requested, allocated
+
+
+class SegmentView:
+    __slots__ = ("address", "size", "pool", "blocks")
+
+    def __init__(self, address: int, size: int, pool: str):
+        self.address, self.size, self.pool = address, size, pool
+        self.blocks: list[BlockView] = []
+
+    def wholly_free(self) -> bool:
+        return len(self.blocks) == 1 and not self.blocks[0].allocated
 
 
 class CachingAllocatorModel:
-    """Allocations of one device; ``malloc`` returns a handle for ``free``."""
+    """Allocations of one device; ``malloc`` returns a :class:`Block` for ``free``."""
 
     def __init__(self, device: int, total_memory: int):
+        self._ffi, self._lib = _library()
         self.device = device
         self.total_memory = int(total_memory)
-        self._next_address = 0x7F0000000000 + device * (1 << 40)
-        self.segments: list[Segment] = []
-        # Free blocks per pool: (size, address) sorted for best fit, address -> block.
-        self._free: dict[str, list[tuple[int, int]]] = {p: [] for p in _POOLS}
-        self._free_blocks: dict[int, Block] = {}
-        self.stats = {name: _StatSet() for name in _STAT_NAMES}
-        # With one stream and no frees deferred behind other streams' work, a block is active
-        # exactly while it is allocated: the "active" stats are the "allocation" ones.
-        self.stats["active"] = self.stats["allocation"]
-        self.stats["active_bytes"] = self.stats["allocated_bytes"]
-        self._allocation = self.stats["allocation"]
-        self._allocated_bytes = self.stats["allocated_bytes"]
-        self._requested_bytes = self.stats["requested_bytes"]
-        self.num_alloc_retries = 0
-        self.num_ooms = 0
-        self.num_device_alloc = 0
-        self.num_device_free = 0
-
-    # -- bookkeeping -----------------------------------------------------------------------
-    def _insert_free(self, block: Block) -> None:
-        bisect.insort(self._free[block.segment.pool], (block.size, block.address))
-        self._free_blocks[block.address] = block
-
-    def _remove_free(self, block: Block) -> None:
-        entries = self._free[block.segment.pool]
-        i = bisect.bisect_left(entries, (block.size, block.address))
-        del entries[i]
-        del self._free_blocks[block.address]
-
-    @property
-    def reserved(self) -> int:
-        return self.stats["reserved_bytes"].by_pool["all"].current
-
-    @property
-    def allocated(self) -> int:
-        return self.stats["allocated_bytes"].by_pool["all"].current
+        self._model = self._ffi.gc(self._lib.fakegpu_alloc_model_new(device, self.total_memory),
+                                   self._lib.fakegpu_alloc_model_delete)
+        self._malloc = self._lib.fakegpu_alloc_model_malloc
+        self._free = self._lib.fakegpu_alloc_model_free
+        self._stats_buffer = self._ffi.new("int64_t[]", _STATS_LEN)
 
     # -- malloc / free ---------------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
-        size = round_size(int(nbytes))
-        pool = pool_of(size)
-        block = self._best_fit(pool, size)
-        if block is None:
-            block = self._new_segment(pool, size, nbytes)
-        split_remaining = block.size - size
-        if self._should_split(pool, split_remaining):
-            rest = Block(block.segment, block.address + size, split_remaining)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._insert_free(rest)
-            self.stats["inactive_split"].add(pool, 1)
-            self.stats["inactive_split_bytes"].add(pool, rest.size)
-        block.allocated = True
-        block.requested = int(nbytes)
-        self._allocation.add(pool, 1)
-        self._allocated_bytes.add(pool, block.size)
-        self._requested_bytes.add(pool, block.requested)
-        return block
-
-    @staticmethod
-    def _should_split(pool: str, remaining: int) -> bool:
-        if pool == "small_pool":
-            return remaining >= MIN_BLOCK_SIZE
-        return remaining > SMALL_SIZE
-
-    def _best_fit(self, pool: str, size: int) -> Optional[Block]:
-        entries = self._free[pool]
-        i = bisect.bisect_left(entries, (size, 0))
-        if i == len(entries):
-            return None
-        block = self._free_blocks.pop(entries[i][1])
-        del entries[i]
-        if block.prev is not None or block.next is not None:  # a free piece of a split segment
-            self.stats["inactive_split"].sub(pool, 1)
-            self.stats["inactive_split_bytes"].sub(pool, block.size)
-        return block
-
-    def _new_segment(self, pool: str, size: int, requested: int) -> Block:
-        seg_size = segment_size(size)
-        if self.reserved + seg_size > self.total_memory:
-            self.num_alloc_retries += 1
-            self.release_cached()
-            if self.reserved + seg_size > self.total_memory:
-                self.num_ooms += 1
-                free = self.total_memory - self.reserved
-                raise OutOfMemory(
-                    f"CUDA out of memory. Tried to allocate {_fmt(size)}. GPU {self.device} has a total "
-                    f"capacity of {_fmt(self.total_memory)} of which {_fmt(free)} is free. Of the "
-                    f"allocated memory {_fmt(self.allocated)} is allocated by PyTorch, and "
-                    f"{_fmt(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. "
-                    "(fakegpu fake device: host memory, the CUDA caching allocator's figures)")
-        segment = Segment(self._next_address, seg_size, pool)
-        self._next_address += seg_size
-        block = Block(segment, segment.address, seg_size)
-        segment.head = block
-        self.segments.append(segment)
-        self.num_device_alloc += 1
-        self.stats["segment"].add(pool, 1)
-        self.stats["reserved_bytes"].add(pool, seg_size)
-        return block
+        nbytes = int(nbytes)
+        handle = self._malloc(self._model, nbytes)
+        if handle == 0:
+            self._raise_out_of_memory(nbytes)
+        return Block(handle, nbytes, self)
 
     def free(self, block: Block) -> None:
-        if not block.allocated:
-            return
-        pool = block.segment.pool
-        self._allocation.sub(pool, 1)
-        self._allocated_bytes.sub(pool, block.size)
-        self._requested_bytes.sub(pool, block.requested)
-        block.allocated = False
-        block.requested = 0
-        # Merge with free neighbours (each of them was an inactive split).
-        for other in (block.next, block.prev):
-            if other is None or other.allocated:
-                continue
-            self._remove_free(other)
-            self.stats["inactive_split"].sub(pool, 1)
-            self.stats["inactive_split_bytes"].sub(pool, other.size)
-            if other is block.prev:
-                block.address = other.address
-                block.prev = other.prev
-                if other.prev is not None:
-                    other.prev.next = block
-                else:
-                    block.segment.head = block
-            else:
-                block.next = other.next
-                if other.next is not None:
-                    other.next.prev = block
-            block.size += other.size
-        if block.prev is not None or block.next is not None:
-            self.stats["inactive_split"].add(pool, 1)
-            self.stats["inactive_split_bytes"].add(pool, block.size)
-        self._insert_free(block)
+        self._free(self._model, block.handle)
 
     def release_cached(self) -> None:
         """``empty_cache``: give back every segment that holds no allocated block."""
-        kept = []
-        for segment in self.segments:
-            if segment.wholly_free():
-                self._remove_free(segment.head)
-                self.stats["segment"].sub(segment.pool, 1)
-                self.stats["reserved_bytes"].sub(segment.pool, segment.size)
-                self.num_device_free += 1
-            else:
-                kept.append(segment)
-        self.segments = kept
+        self._lib.fakegpu_alloc_model_release_cached(self._model)
+
+    def _raise_out_of_memory(self, nbytes: int) -> None:
+        size = round_size(nbytes)
+        reserved, allocated = self.reserved, self.allocated
+        free = self.total_memory - reserved
+        raise OutOfMemory(
+            f"CUDA out of memory. Tried to allocate {_fmt(size)}. GPU {self.device} has a total "
+            f"capacity of {_fmt(self.total_memory)} of which {_fmt(free)} is free. Of the "
+            f"allocated memory {_fmt(allocated)} is allocated by PyTorch, and "
+            f"{_fmt(reserved - allocated)} is reserved by PyTorch but unallocated. "
+            "(fakegpu fake device: host memory, the CUDA caching allocator's figures)")
 
     # -- what torch.cuda reports -----------------------------------------------------------
+    def _stats(self):
+        self._lib.fakegpu_alloc_model_stats(self._model, self._stats_buffer)
+        return self._stats_buffer
+
+    def stat(self, name: str, pool: str = "all", field: str = "current") -> int:
+        """One figure of ``memory_stats``: e.g. ``stat("allocated_bytes", field="peak")``."""
+        return int(self._stats()[_stat_index(name, pool, field)])
+
+    @property
+    def reserved(self) -> int:
+        return int(self._stats()[_RESERVED_INDEX])
+
+    @property
+    def allocated(self) -> int:
+        return int(self._stats()[_ALLOCATED_INDEX])
+
+    def _counters(self) -> tuple[int, int, int, int]:
+        stats = self._stats()
+        return tuple(int(stats[_STATS_LEN - 4 + i]) for i in range(4))
+
+    @property
+    def num_alloc_retries(self) -> int:
+        return self._counters()[0]
+
+    @property
+    def num_ooms(self) -> int:
+        return self._counters()[1]
+
     def reset_peak(self) -> None:
-        for stat_set in self.stats.values():
-            for stat in stat_set.by_pool.values():
-                stat.reset_peak()
+        self._lib.fakegpu_alloc_model_reset_peak(self._model)
 
     def reset_accumulated(self) -> None:
-        for stat_set in self.stats.values():
-            for stat in stat_set.by_pool.values():
-                stat.reset_accumulated()
-        self.num_alloc_retries = self.num_ooms = 0
-        self.num_device_alloc = self.num_device_free = 0
+        self._lib.fakegpu_alloc_model_reset_accumulated(self._model)
 
     def memory_stats(self) -> dict:
         """Flat dict with the key names of ``torch.cuda.memory_stats``."""
+        stats = list(self._stats())
         out = {}
-        for name, stat_set in self.stats.items():
-            for pool, stat in stat_set.by_pool.items():
-                for field in ("current", "peak", "allocated", "freed"):
-                    out[f"{name}.{pool}.{field}"] = getattr(stat, field)
+        for name in _STAT_NAMES:
+            for pool in _STAT_POOLS:
+                for field in _FIELDS:
+                    out[f"{name}.{pool}.{field}"] = int(stats[_stat_index(name, pool, field)])
+        retries, ooms, device_alloc, device_free = stats[_STATS_LEN - 4:]
         out.update({
-            "num_alloc_retries": self.num_alloc_retries,
-            "num_ooms": self.num_ooms,
-            "num_device_alloc": self.num_device_alloc,
-            "num_device_free": self.num_device_free,
+            "num_alloc_retries": retries,
+            "num_ooms": ooms,
+            "num_device_alloc": device_alloc,
+            "num_device_free": device_free,
             "num_sync_all_streams": 0,
             "max_split_size": -1,
             "oversize_allocations.current": 0, "oversize_allocations.peak": 0,
@@ -342,6 +248,25 @@ class CachingAllocatorModel:
             "oversize_segments.allocated": 0, "oversize_segments.freed": 0,
         })
         return dict(sorted(out.items()))
+
+    @property
+    def segments(self) -> list[SegmentView]:
+        """The segments in allocation order, each with its blocks in address order."""
+        count = self._lib.fakegpu_alloc_model_blocks(self._model, self._ffi.NULL, 0)
+        buffer = self._ffi.new("uint64_t[]", max(1, count * _BLOCK_RECORD))
+        count = min(count, self._lib.fakegpu_alloc_model_blocks(self._model, buffer, count))
+        values = list(buffer)
+        segments: list[SegmentView] = []
+        last: Optional[int] = None
+        for i in range(count):
+            ordinal, seg_address, seg_size, pool, address, size, packed = \
+                values[i * _BLOCK_RECORD:(i + 1) * _BLOCK_RECORD]
+            if ordinal != last:
+                segments.append(SegmentView(seg_address, seg_size, "small_pool" if pool == 0 else "large_pool"))
+                last = ordinal
+            segments[-1].blocks.append(BlockView(address, size, packed & ~_ALLOCATED_BIT,
+                                                 bool(packed & _ALLOCATED_BIT)))
+        return segments
 
     def snapshot(self) -> list[dict]:
         """Segments in the shape ``torch.cuda.memory_snapshot()`` returns."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 
 def _on_fake_device(tensor, memory) -> bool:
     from .memory import _storages

@@ -381,7 +381,7 @@ def memory_allocated(device=None) -> int:
 
 
 def max_memory_allocated(device=None) -> int:
-    return _model(device).stats["allocated_bytes"].by_pool["all"].peak
+    return _model(device).stat("allocated_bytes", field="peak")
 
 
 def memory_reserved(device=None) -> int:
@@ -389,7 +389,7 @@ def memory_reserved(device=None) -> int:
 
 
 def max_memory_reserved(device=None) -> int:
-    return _model(device).stats["reserved_bytes"].by_pool["all"].peak
+    return _model(device).stat("reserved_bytes", field="peak")
 
 
 def reset_peak_memory_stats(device=None) -> None:
