@@ -354,6 +354,20 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       decoded = decode(r, &d) && d.comm_handle == m.comm_handle;
       break;
     }
+    case kProbeSource: {
+      ProbeSource m{f["comm_handle"].u(), (uint32_t)f["timeout_ms"].u()};
+      encode(w, m);
+      ProbeSource d;
+      decoded = decode(r, &d) && d.comm_handle == m.comm_handle && d.timeout_ms == m.timeout_ms;
+      break;
+    }
+    case kSource: {
+      Source m{(int32_t)f["peer"].i()};
+      encode(w, m);
+      Source d;
+      decoded = decode(r, &d) && d.peer == m.peer;
+      break;
+    }
     case kArenaInfo: {
       ArenaInfo m;
       m.granted = (uint32_t)f["granted"].u(); m.rank = (uint32_t)f["rank"].u();
