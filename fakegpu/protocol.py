@@ -228,6 +228,9 @@ class ProbeSource:
     TYPE: ClassVar[int] = PROBE_SOURCE
     comm_handle: int
     timeout_ms: int = 0
+    # The caller's Recv calls from each rank of the communicator so far (its match_seq
+    # counters): the next Recv from rank s pairs with s's Send number recvs_posted[s] + 1.
+    recvs_posted: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -313,7 +316,7 @@ _GROUP_PREFIX = struct.Struct("<II")
 _F64 = struct.Struct("<d")
 _U64 = struct.Struct("<Q")
 _ARENA_INFO_FIXED = struct.Struct("<IIQQ")
-_PROBE_SOURCE = struct.Struct("<QI")
+_PROBE_SOURCE = struct.Struct("<QII")
 _LOCAL_OPS_FIXED = struct.Struct("<QII")
 _LOCAL_TIMES = struct.Struct("<ddd")
 # Fixed part of one LOCAL_OPS record: the OpDesc and three f64 times (the waits follow).
@@ -393,7 +396,9 @@ def encode_body(msg: Message) -> bytes:
     if t == ARENA:
         return _pack(_U64, "ARENA", msg.comm_handle)
     if t == PROBE_SOURCE:
-        return _pack(_PROBE_SOURCE, "PROBE_SOURCE", msg.comm_handle, msg.timeout_ms)
+        posted = tuple(msg.recvs_posted)
+        return (_pack(_PROBE_SOURCE, "PROBE_SOURCE", msg.comm_handle, msg.timeout_ms, len(posted))
+                + _pack(struct.Struct(f"<{len(posted)}I"), "PROBE_SOURCE recvs_posted", *posted))
     if t == SOURCE:
         return _pack(_I32, "SOURCE", msg.peer)
     if t == ARENA_INFO:
@@ -557,8 +562,9 @@ def decode_body(msg_type: int, body) -> Message:
         (handle,) = r.unpack(_U64, "comm_handle")
         msg = ArenaRequest(handle)
     elif msg_type == PROBE_SOURCE:
-        handle, timeout_ms = r.unpack(_PROBE_SOURCE, "comm_handle, timeout_ms")
-        msg = ProbeSource(handle, timeout_ms)
+        handle, timeout_ms, n = r.unpack(_PROBE_SOURCE, "comm_handle, timeout_ms, nranks")
+        posted = r.unpack(struct.Struct(f"<{n}I"), "recvs_posted") if n else ()
+        msg = ProbeSource(handle, timeout_ms, tuple(posted))
     elif msg_type == SOURCE:
         (peer,) = r.unpack(_I32, "peer")
         msg = Source(peer)

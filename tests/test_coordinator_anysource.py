@@ -11,8 +11,11 @@ from fakegpu import protocol as P
 Harness, world, p2p = core_tests.Harness, core_tests.world, core_tests.p2p
 
 
-def _probe(h, conn, handle, timeout_ms=0):
-    return h.send(conn, P.ProbeSource(comm_handle=handle, timeout_ms=timeout_ms))
+def _probe(h, conn, handle, timeout_ms=0, posted=None, nranks=None):
+    """PROBE_SOURCE; ``posted`` {rank: Recv calls so far} (the shim's counters), else none."""
+    nranks = nranks if nranks is not None else h.core.handles[handle].comm.nranks
+    counts = tuple((posted or {}).get(r, 0) for r in range(nranks))
+    return h.send(conn, P.ProbeSource(comm_handle=handle, timeout_ms=timeout_ms, recvs_posted=counts))
 
 
 def _send_from(h, handles, rank, value, dst=0, seq=1):
@@ -137,3 +140,27 @@ def test_a_malformed_probe_closes_the_connection():
     for f in P.FrameParser(1 << 40).feed(bytes(bad)):
         h._apply(h.core.on_frame(0, f, "unix", core_tests.shm_factory))
     assert "PROBE_SOURCE" in h.closed[0]
+
+
+def test_recvs_still_in_flight_count_a_sender_whose_sends_they_take_is_not_named():
+    h = Harness()
+    handles = world(h, 3)
+    h.staging(1)[0][:8] = np.frombuffer(np.array([7, 8], np.int32).tobytes(), np.uint8)
+    h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_SEND, 0, 1, dtype=2, seq=1),
+                           p2p(handles[1], P.KIND_SEND, 0, 1, dtype=2, in_off=4, seq=2))))
+    # Rank 0 has issued two Recvs from rank 1 (not arrived yet): both of rank 1's Sends are theirs.
+    waiting = _probe(h, 0, handles[0], posted={1: 2})
+    assert h.reply(0, waiting) is None
+    _send_from(h, handles, 2, 20)
+    assert h.reply(0, waiting) == P.Source(peer=2)
+    # With one Recv from rank 1 in flight, rank 1's second Send is the next one.
+    assert h.reply(0, _probe(h, 0, handles[0], posted={1: 1})) == P.Source(peer=1)
+    assert [_recv_on(h, handles, 0, 1, seq=s) for s in (1, 2)] == [7, 8]
+    assert _recv_on(h, handles, 0, 2) == 20
+
+
+def test_a_probe_with_the_wrong_number_of_recv_counts_is_refused():
+    h = Harness()
+    handles = world(h, 3)
+    err = h.reply(0, _probe(h, 0, handles[0], nranks=2))
+    assert err.result == P.NCCL_INVALID_ARGUMENT and "2 Recv counts for a 3-rank communicator" in err.message

@@ -708,45 +708,80 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
     def _flush_p2p(self) -> None:
         """Submit every queued send/recv as one NCCL group (one task on the stream).
 
-        An any-source recv splits the batch: what was queued before it is issued first (its
-        sends may be what a peer waits for), then the coordinator is asked which rank has a
-        send to this rank waiting (``Comm.probe_source``), and the recv from that rank is
-        issued with what follows it."""
+        Any-source recvs in the batch: every other send and recv of the batch is issued first,
+        as one NCCL group on a helper thread (its sends may be what the peers wait for, as the
+        peers' sends are what this rank waits for); then, one at a time, the coordinator is
+        asked which rank has a send to this rank waiting (``Comm.probe_source``) and the recv
+        from that rank is issued."""
         with self._lock:
             pending, self._pending_p2p = self._pending_p2p, []
             if not pending:
                 return
             comm = self.comm
             probe_timeout_ms = self._probe_timeout_ms()
+            join_timeout_s = self.timeout.total_seconds()
 
-            def issue(segment) -> None:
-                if not segment:
-                    return
+            def issue(ops, enqueued: Optional[threading.Event] = None) -> None:
                 try:
                     with library().group():
-                        for kind, item, peer, _ in segment:
-                            buf = buffer_of(item.buffer, reducing=False)
-                            if kind == "send":
-                                comm.send(item.buffer, buf.count, buf.dtype, peer)
-                            else:
-                                comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                        try:
+                            for kind, item, peer, _ in ops:
+                                buf = buffer_of(item.buffer, reducing=False)
+                                if kind == "send":
+                                    comm.send(item.buffer, buf.count, buf.dtype, peer)
+                                else:
+                                    comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                        finally:
+                            if enqueued is not None:
+                                enqueued.set()   # the calls hold their match numbers now
                 except NcclError as exc:
                     raise _as_error("send/recv", self.comm_name, exc) from exc
 
-            def run():
-                segment: list = []
-                for kind, item, peer, op in pending:
-                    if kind == _RECV_ANY:
-                        issue(segment)
-                        segment = []
+            def run_any_source() -> None:
+                fixed = [entry for entry in pending if entry[0] != _RECV_ANY]
+                helper, failure = None, []
+                if fixed:
+                    enqueued = threading.Event()
+
+                    def issue_fixed():
+                        try:
+                            issue(fixed, enqueued)
+                        except BaseException as exc:  # re-raised by the stream's task below
+                            failure.append(exc)
+                            enqueued.set()
+
+                    helper = threading.Thread(target=issue_fixed, daemon=True,
+                                              name=f"fakegpu-p2p-{self.comm_name}")
+                    helper.start()
+                    # Before probing: the probe tells the coordinator which recvs this rank
+                    # posted, so the group's recvs must have their match numbers first.
+                    enqueued.wait()
+                try:
+                    for kind, item, _, op in pending:
+                        if kind != _RECV_ANY or failure:
+                            continue
                         try:
                             peer = comm.probe_source(probe_timeout_ms)
                         except NcclError as exc:
                             raise _as_error(_RECV_ANY, self.comm_name, exc) from exc
                         op.source_rank = peer
-                        kind = "recv"
-                    segment.append((kind, item, peer, op))
-                issue(segment)
+                        issue([("recv", item, peer, op)])
+                finally:
+                    if helper is not None:
+                        helper.join(join_timeout_s)
+                        if helper.is_alive():
+                            failure.append(backend_error(
+                                f"fakegpu: send/recv on process group {self.comm_name!r}: the sends and "
+                                f"recvs issued with a recv from any source did not complete within "
+                                f"{join_timeout_s * 1000:.0f} ms"))
+                if failure:
+                    raise failure[0]
+
+            def run():
+                if any(kind == _RECV_ANY for kind, *_ in pending):
+                    run_any_source()
+                else:
+                    issue(pending)
                 for kind, item, _, _ in pending:
                     if kind != "send":
                         item.commit()

@@ -238,6 +238,28 @@ def recv_any_source(backend):
     return out
 
 
+def recv_any_source_exchange(backend):
+    """A ring where every rank receives from any source and sends to the next rank: irecv
+    posted before the isend, then isend before the irecv (a rank that must send before it can
+    receive, as its predecessor does)."""
+    rank, world = _init(backend)
+    nxt = (rank + 1) % world
+    out = {}
+    for name, recv_first in (("recv_first", True), ("send_first", False)):
+        got = torch.empty(2)
+        payload = torch.tensor([float(rank), 1000.0 + rank])
+        if recv_first:
+            works = [dist.irecv(got), dist.isend(payload, nxt)]
+            recv_work = works[0]
+        else:
+            works = [dist.isend(payload, nxt), dist.irecv(got)]
+            recv_work = works[1]
+        for w in works:
+            w.wait()
+        out[name] = [recv_work._source_rank(), got.tolist()]
+    return out
+
+
 def recv_any_source_timeout(backend, flag_dir):
     """Nobody sends: rank 0's recv without a source fails after the group's timeout; then
     every rank runs an all_reduce (is the group still usable?)."""

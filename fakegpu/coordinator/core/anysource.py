@@ -4,7 +4,8 @@ NCCL has no wildcard receive, so a backend that offers one (torch's ``recv`` wit
 first asks here which peer to receive from and then posts an ordinary Recv from that peer.
 The coordinator already holds every Send that waits for its Recv (p2p.py), so it can answer
 exactly: a probe is answered with a sender whose *next* Send to the caller — the one the
-caller's next Recv from that sender pairs with — is waiting, and that Send is then claimed
+caller's next Recv from that sender pairs with, by the Recv counts the probe carries (its
+Recvs still in flight count too) — is waiting, and that Send is then claimed
 (``PairQueue.claimed``), so a second probe of the same rank never names it again. Among
 several such senders the one whose Send reached the coordinator first wins (ties: the lower
 rank), so no sender can be starved and each sender's Sends are received in their order.
@@ -22,11 +23,12 @@ from .common import frame_bytes, log
 
 class SourceProbe:
     """A PROBE_SOURCE that waits for a Send to its member."""
-    __slots__ = ("client", "request_id", "member", "timeout_ms", "capped", "deadline")
+    __slots__ = ("client", "request_id", "member", "recvs_posted", "timeout_ms", "capped", "deadline")
 
-    def __init__(self, client: Client, request_id: int, member: Member, timeout_ms: int, capped: bool,
-                 deadline: float):
+    def __init__(self, client: Client, request_id: int, member: Member, recvs_posted: tuple, timeout_ms: int,
+                 capped: bool, deadline: float):
         self.client = client
+        self.recvs_posted = recvs_posted
         self.request_id = request_id
         self.member = member
         self.timeout_ms = timeout_ms
@@ -43,9 +45,14 @@ class AnySourceMixin:
         member = self._own_member(client, msg.comm_handle, "PROBE_SOURCE", frame.request_id)
         if member is None:
             return
+        if len(msg.recvs_posted) != member.comm.nranks:
+            self._error(client, frame.request_id, P.NCCL_INVALID_ARGUMENT,
+                        f"PROBE_SOURCE on {member.comm.label()}: {len(msg.recvs_posted)} Recv counts for a "
+                        f"{member.comm.nranks}-rank communicator")
+            return
         capped = msg.timeout_ms == 0 or msg.timeout_ms > self.timeout_ms
         timeout_ms = self.timeout_ms if capped else msg.timeout_ms
-        probe = SourceProbe(client, frame.request_id, member, timeout_ms, capped,
+        probe = SourceProbe(client, frame.request_id, member, msg.recvs_posted, timeout_ms, capped,
                             self.clock() + timeout_ms / 1000.0)
         if not self._answer_probe(probe):
             self._probes.append(probe)
@@ -61,9 +68,9 @@ class AnySourceMixin:
             q = comm.p2p.get((sender, me)) if sender != me else None
             if q is None:
                 continue
-            # The caller's next Recv from `sender` takes match_seq receiver_at + 1, or the one
+            # The caller's next Recv from `sender` takes match_seq recvs_posted + 1, or the one
             # after those already promised to earlier probes.
-            seq = max(q.receiver_at, q.claimed) + 1
+            seq = max(probe.recvs_posted[sender], q.claimed) + 1
             step = q.sends.get((seq, 0))
             if step is None:
                 continue

@@ -534,7 +534,17 @@ class SimulateMode : public DistMode {
     if (rc != ncclSuccess) return rc;
     std::vector<uint8_t> body;
     proto::Writer w(&body);
-    proto::encode(w, proto::ProbeSource{comm->handle, timeout_ms});
+    proto::ProbeSource probe;
+    probe.comm_handle = comm->handle;
+    probe.timeout_ms = timeout_ms;
+    {
+      // Recvs still in flight (another thread's group) count: the coordinator names a Send
+      // that the caller's *next* Recv from its sender pairs with.
+      std::lock_guard<std::mutex> lk(comm->mu);
+      probe.recvs_posted = comm->recv_seq;
+    }
+    probe.recvs_posted.resize(comm->nranks, 0);
+    proto::encode(w, probe);
     Pending p;
     // The coordinator answers within min(timeout_ms, its own timeout): the client's default
     // wait (the coordinator's timeout plus a margin) covers both.

@@ -169,6 +169,8 @@ struct ArenaRequest {
 struct ProbeSource {
   uint64_t comm_handle = 0;
   uint32_t timeout_ms = 0;
+  // The caller's Recv calls from each rank so far (comm->recv_seq), nranks entries on the wire.
+  std::vector<uint32_t> recvs_posted;
 };
 // SOURCE: the answer to PROBE_SOURCE, a rank of the caller's communicator.
 struct Source {
