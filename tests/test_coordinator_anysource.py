@@ -164,3 +164,13 @@ def test_a_probe_with_the_wrong_number_of_recv_counts_is_refused():
     handles = world(h, 3)
     err = h.reply(0, _probe(h, 0, handles[0], nranks=2))
     assert err.result == P.NCCL_INVALID_ARGUMENT and "2 Recv counts for a 3-rank communicator" in err.message
+
+
+def test_a_probe_fails_when_its_communicator_is_freed_while_it_waits():
+    h = Harness()
+    handles = world(h, 2)
+    probe = _probe(h, 0, handles[0])
+    h.send(0, P.CommFree(comm_handle=handles[0], how=P.FREE_ABORT))   # another thread of rank 0
+    h.tick(0.1)
+    err = h.reply(0, probe)
+    assert err.result == P.NCCL_INVALID_USAGE and "the communicator was freed while it waited" in err.message

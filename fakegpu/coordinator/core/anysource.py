@@ -100,8 +100,14 @@ class AnySourceMixin:
             member = probe.member
             comm = member.comm
             label = f"{comm.label()} rank {member.rank}"
-            if probe.client.closed or member.gone is not None:
+            if probe.client.closed:
                 continue   # nobody waits for the answer
+            if member.gone is not None:
+                # Another thread of the caller freed or aborted the communicator meanwhile.
+                self._error(probe.client, probe.request_id, P.NCCL_INVALID_USAGE,
+                            f"{label}: receive from any source: the communicator was freed while it waited "
+                            f"({member.gone[1]})")
+                continue
             if len(comm.gone_ranks) >= comm.nranks - 1:
                 self._error(probe.client, probe.request_id, P.NCCL_REMOTE_ERROR,
                             f"{label}: receive from any source: every other rank of the communicator left, "
