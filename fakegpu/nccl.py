@@ -120,6 +120,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
+ncclResult_t fakegpu_probe_source(ncclComm_t comm, int timeout_ms, int* peer);
 """
 
 
@@ -693,3 +694,14 @@ class Comm:
     def recv(self, buf: BufferLike, count: int, dtype: Any, peer: int) -> None:
         self._check(self._lib.ncclRecv(self._ptr(buf), int(count), _dtype_code(dtype), int(peer),
                                        self._handle, self._ffi.NULL), "ncclRecv")
+
+    def probe_source(self, timeout_ms: int = 0) -> int:
+        """The rank whose Send to this rank waits at the coordinator, once one does (fakegpu's
+        extension ``fakegpu_probe_source``; NCCL has no receive from any source): the earliest
+        such Send (ties: the lower rank), which this rank's next :meth:`recv` from that rank
+        completes. Waits at most ``timeout_ms`` (0: the coordinator's timeout, which also caps
+        larger values); ``NcclError`` ncclTimeout when nobody sent in time. Not inside a group."""
+        peer = self._ffi.new("int*")
+        self._check(self._lib.fakegpu_probe_source(self._handle, int(timeout_ms), peer),
+                    "fakegpu_probe_source")
+        return int(peer[0])

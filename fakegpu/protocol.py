@@ -221,6 +221,26 @@ class ArenaRequest:
 
 
 @dataclass(frozen=True)
+class ProbeSource:
+    """PROBE_SOURCE: which rank has a Send to the caller waiting (docs/protocol.md, "Receive from
+    any source"); answered by SOURCE once one does, or by ERROR ``ncclTimeout`` after
+    ``timeout_ms`` (0: the coordinator's own timeout, which also caps any other value)."""
+    TYPE: ClassVar[int] = PROBE_SOURCE
+    comm_handle: int
+    timeout_ms: int = 0
+    # The caller's Recv calls from each rank of the communicator so far (its match_seq
+    # counters): the next Recv from rank s pairs with s's Send number recvs_posted[s] + 1.
+    recvs_posted: tuple = ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """SOURCE: the answer to PROBE_SOURCE, ``peer`` a rank of the caller's communicator."""
+    TYPE: ClassVar[int] = SOURCE
+    peer: int
+
+
+@dataclass(frozen=True)
 class ArenaInfo:
     """ARENA_INFO: ``granted`` 1 with the arena file's path and geometry, or 0 with ``reason``."""
     TYPE: ClassVar[int] = ARENA_INFO
@@ -278,7 +298,7 @@ class Shutdown:
 
 Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommShrink, CommFree, Group,
                 GroupDone, Simulate, SimulateDone, Account, Ping, Pong, Shutdown, ArenaRequest, ArenaInfo,
-                LocalOps]
+                LocalOps, ProbeSource, Source]
 
 # --------------------------------------------------------------------------- encoding
 
@@ -296,6 +316,7 @@ _GROUP_PREFIX = struct.Struct("<II")
 _F64 = struct.Struct("<d")
 _U64 = struct.Struct("<Q")
 _ARENA_INFO_FIXED = struct.Struct("<IIQQ")
+_PROBE_SOURCE = struct.Struct("<QII")
 _LOCAL_OPS_FIXED = struct.Struct("<QII")
 _LOCAL_TIMES = struct.Struct("<ddd")
 # Fixed part of one LOCAL_OPS record: the OpDesc and three f64 times (the waits follow).
@@ -374,6 +395,12 @@ def encode_body(msg: Message) -> bytes:
         return _pack(_F64, "SIMULATE_DONE", msg.estimated_time_us)
     if t == ARENA:
         return _pack(_U64, "ARENA", msg.comm_handle)
+    if t == PROBE_SOURCE:
+        posted = tuple(msg.recvs_posted)
+        return (_pack(_PROBE_SOURCE, "PROBE_SOURCE", msg.comm_handle, msg.timeout_ms, len(posted))
+                + _pack(struct.Struct(f"<{len(posted)}I"), "PROBE_SOURCE recvs_posted", *posted))
+    if t == SOURCE:
+        return _pack(_I32, "SOURCE", msg.peer)
     if t == ARENA_INFO:
         return (_pack(_ARENA_INFO_FIXED, "ARENA_INFO", msg.granted, msg.rank, msg.slot_bytes, msg.total_bytes)
                 + encode_str(msg.path) + encode_str(msg.reason, truncate=True))
@@ -534,6 +561,13 @@ def decode_body(msg_type: int, body) -> Message:
     elif msg_type == ARENA:
         (handle,) = r.unpack(_U64, "comm_handle")
         msg = ArenaRequest(handle)
+    elif msg_type == PROBE_SOURCE:
+        handle, timeout_ms, n = r.unpack(_PROBE_SOURCE, "comm_handle, timeout_ms, nranks")
+        posted = r.unpack(struct.Struct(f"<{n}I"), "recvs_posted") if n else ()
+        msg = ProbeSource(handle, timeout_ms, tuple(posted))
+    elif msg_type == SOURCE:
+        (peer,) = r.unpack(_I32, "peer")
+        msg = Source(peer)
     elif msg_type == ARENA_INFO:
         granted, rank, slot, total = r.unpack(_ARENA_INFO_FIXED, "fixed fields")
         msg = ArenaInfo(granted, rank, slot, total, r.str("path"), r.str("reason"))

@@ -27,6 +27,10 @@ MESSAGES = [
                                "i32 excluded[n_excluded], str name → COMM_INFO", {}),
     (15, "ARENA", "c2s", "u64 comm_handle → ARENA_INFO; see \"Host-local collectives\"", {}),
     (16, "ARENA_INFO", "s2c", "u32 granted, u32 rank, u64 slot_bytes, u64 total_bytes, str path, str reason", {}),
+    (17, "PROBE_SOURCE", "c2s", "u64 comm_handle, u32 timeout_ms (0: the coordinator's), u32 nranks, "
+                                "u32 recvs_posted[nranks] (the caller's Recv calls from each rank so far) → SOURCE, "
+                                "or ERROR `ncclTimeout`; see \"Receive from any source\"", {}),
+    (18, "SOURCE", "s2c", "i32 peer: the rank (in the communicator) whose Send to the caller waits unclaimed", {}),
     (20, "GROUP", "c2s", "u32 n_ops, u32 flags, OpDesc[n_ops], then socket-staged input bytes", {"large": True}),
     (21, "GROUP_DONE", "s2c", "u32 n_ops, i32 results[n_ops], str message, then socket-staged output bytes",
      {"large": True}),

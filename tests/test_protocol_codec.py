@@ -119,6 +119,11 @@ def _vector_messages():
                                                path="/dev/shm/fakegpu-arena-4242-1-0a1b2c3d", reason="")),
         ("arena_info_refused", 23, P.ArenaInfo(granted=0, rank=1, slot_bytes=0, total_bytes=0, path="",
                                                reason="a fault plan is loaded")),
+        ("probe_source", 24, P.ProbeSource(comm_handle=0x100000002, timeout_ms=1800000,
+                                           recvs_posted=(3, 0, 0xFFFFFFFF, 1))),
+        ("probe_source_coordinator_timeout", 25, P.ProbeSource(comm_handle=7, timeout_ms=0, recvs_posted=(0, 0))),
+        ("probe_source_empty", 26, P.ProbeSource(comm_handle=7, timeout_ms=5, recvs_posted=())),
+        ("source", 24, P.Source(peer=3)),
         ("local_ops", 0, P.LocalOps(comm_handle=0x100000002, nranks=3, records=(
             P.LocalOpRecord(desc=dataclasses.replace(many_ops[0], comm_handle=0x100000002, total_count=4,
                                                      step_count=4, in_len=16, out_len=16),
@@ -158,6 +163,9 @@ def _fields(msg) -> dict:
     if isinstance(msg, P.LocalOps):
         out = {"comm_handle": msg.comm_handle, "n_records": len(msg.records), "nranks": msg.nranks,
                "records": out["records"]}
+    if isinstance(msg, P.ProbeSource):
+        out = {"comm_handle": msg.comm_handle, "timeout_ms": msg.timeout_ms, "nranks": len(msg.recvs_posted),
+               "recvs_posted": list(msg.recvs_posted)}
     if isinstance(msg, P.CommInfo):
         out = {"comm_handle": msg.comm_handle, "rank": msg.rank, "nranks": msg.nranks,
                "global_ranks": list(msg.global_ranks)}
@@ -188,6 +196,9 @@ def _message_from_fields(msg_type: int, fields: dict):
         f["results"] = tuple(f["results"])
     if msg_type == P.COMM_SHRINK:
         f["excluded"] = tuple(f["excluded"])
+    if msg_type == P.PROBE_SOURCE:
+        f.pop("nranks")
+        f["recvs_posted"] = tuple(f["recvs_posted"])
     if msg_type == P.LOCAL_OPS:
         f.pop("n_records")
         f["records"] = tuple(
@@ -199,7 +210,8 @@ def _message_from_fields(msg_type: int, fields: dict):
         f["global_ranks"] = tuple(f["global_ranks"])
     cls = {c.TYPE: c for c in (P.Hello, P.HelloOk, P.Error, P.Ok, P.CommInit, P.CommInfo, P.CommSplit, P.CommShrink,
                                P.CommFree, P.Group, P.GroupDone, P.Simulate, P.SimulateDone, P.Account, P.Ping,
-                               P.Pong, P.Shutdown, P.ArenaRequest, P.ArenaInfo, P.LocalOps)}[msg_type]
+                               P.Pong, P.Shutdown, P.ArenaRequest, P.ArenaInfo, P.LocalOps,
+                               P.ProbeSource, P.Source)}[msg_type]
     return cls(**f)
 
 

@@ -158,8 +158,10 @@ def test_process_group_rejects_gpu_style_misuse_with_clear_errors():
         pg.send([torch.zeros(2)], 0)
     with pytest.raises(ValueError, match="peer 5"):
         pg.recv([torch.zeros(2)], 5)
-    with pytest.raises(RuntimeError, match="any source"):
-        pg.recv_anysource([torch.zeros(2)])
+    with pytest.raises(ValueError, match="expected one tensor, got 2"):
+        pg.recv_anysource([torch.zeros(2), torch.zeros(2)])
+    with pytest.raises(ValueError, match="recv from any source: this 1-rank group has no other rank"):
+        FakeGpuProcessGroup(NoStore(), 0, 1).recv_anysource([torch.zeros(2)])
     assert pg.getBackendName() == "fakegpu"
     pg.setGroupName("7")  # no description yet: stays unconnected
     assert pg.comm_name == "group_7"

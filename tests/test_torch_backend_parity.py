@@ -86,3 +86,50 @@ def test_works_held_only_by_cpp_complete_and_fail(shim_library):
         assert rank["value"] == [3.0, 3.0, 3.0]
         assert "members disagree on count" in rank["error"]
         assert rank["after"] == [2.0, 2.0]
+
+
+def _by_sender(received):
+    """[[src, data], ...] -> {src: [data, ...]} in the order received."""
+    out: dict = {}
+    for src, data in received:
+        out.setdefault(src, []).append(data)
+    return out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_recv_and_irecv_without_a_source_get_every_sender_once_like_gloo(both, nranks):
+    gloo, fake = both("recv_any_source", nranks)
+    senders = set(range(1, nranks))
+    for name, results in (("gloo", gloo), ("fakegpu", fake)):
+        rank0 = results[0]
+        # dist.recv(t) returned the sender, whose two sends arrived in their order, with their data
+        assert _by_sender(rank0["recv"]) == {
+            r: [[float(r), 0.0, 10.0 * r], [float(r), 1.0, 10.0 * r + 1]] for r in senders}, (name, rank0)
+        # irecv() posted n-1 times: each Work's _source_rank() names the rank whose data it holds
+        assert sorted(src for src, _ in rank0["irecv"]) == sorted(senders), (name, rank0)
+        assert all(data == [src, -100 * src] for src, data in rank0["irecv"]), (name, rank0)
+    # the same (sender, data) sets as gloo (the order among senders is arrival order in both)
+    assert sorted(map(str, fake[0]["recv"])) == sorted(map(str, gloo[0]["recv"]))
+    assert sorted(map(str, fake[0]["irecv"])) == sorted(map(str, gloo[0]["irecv"]))
+
+
+def test_recv_without_a_source_fails_after_the_group_timeout_when_nobody_sends(both):
+    gloo, fake = both("recv_any_source_timeout")
+    assert "Timed out" in gloo[0]["error"] and gloo[0]["elapsed"] >= 3.5
+    rank0 = fake[0]
+    # the group's timeout is 4 s; the wait gives up a margin (1 s) earlier, with its own error
+    assert "recv from any source on process group 'default_pg'" in rank0["error"], rank0
+    assert "ncclTimeout" in rank0["error"] and "no rank sent to rank 0 within 3000 ms" in rank0["error"]
+    assert 2.5 <= rank0["elapsed"] < 30, rank0
+    # unlike gloo's (whose pair is closed), a fakegpu group stays usable: nothing was received
+    assert [r["after"] for r in fake] == [[2.0], [2.0]]
+
+
+def test_a_ring_of_recvs_from_any_source_and_isends_completes_like_gloo(both):
+    # Every rank's recv from any source waits for its predecessor's isend, which the
+    # predecessor queued next to its own any-source recv: both orders must complete.
+    gloo, fake = both("recv_any_source_exchange", 3)
+    expected = [{order: [(r - 1) % 3, [float((r - 1) % 3), 1000.0 + (r - 1) % 3]]
+                 for order in ("recv_first", "send_first")} for r in range(3)]
+    assert gloo == expected
+    assert fake == expected

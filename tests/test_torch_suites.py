@@ -21,8 +21,9 @@ pytestmark = [
                        reason="torch's test suites need expecttest"),
 ]
 
-# async collectives and all_gather_coalesced's layout (both differed from gloo before)
-SUBSET = ["test_all_reduce_sum_async", "test_all_gather_coalesced_simple"]
+# async collectives, all_gather_coalesced's layout and recv from any source (all differed from
+# gloo before; the -k of the last also selects its two profiler variants)
+SUBSET = ["test_all_reduce_sum_async", "test_all_gather_coalesced_simple", "test_send_recv_any_source"]
 
 
 def test_suite_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):

@@ -105,7 +105,7 @@ class PairQueue:
     """Send/Recv steps of one (communicator, sender, receiver), keyed by (match_seq,
     step_index): the k-th Send of the sender to the receiver pairs with the receiver's k-th
     Recv from the sender, step by step."""
-    __slots__ = ("sends", "recvs", "matched", "failed", "sender_at", "receiver_at")
+    __slots__ = ("sends", "recvs", "matched", "failed", "sender_at", "receiver_at", "claimed")
 
     def __init__(self):
         self.sends: dict = {}
@@ -114,6 +114,7 @@ class PairQueue:
         self.failed: dict = {}   # match_seq -> FailedCall
         self.sender_at = 0       # the highest match_seq seen from each side
         self.receiver_at = 0
+        self.claimed = 0         # the highest match_seq of a Send a PROBE_SOURCE named (anysource.py)
 
 
 def ends_call(desc: tuple) -> bool:

@@ -60,6 +60,8 @@ def library() -> Nccl:
 
 # torch's default for process groups that were given no timeout.
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
+# The kind (and the Work's name) of a recv without a source rank (recv_anysource).
+_RECV_ANY = "recv from any source"
 
 
 def _as_error(what: str, group: str, exc: BaseException) -> BaseException:
@@ -669,9 +671,14 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
     def _queue_p2p(self, kind: str, tensors, peer: int) -> FakeGpuWork:
         if len(tensors) != 1:
             raise ValueError(f"fakegpu {kind}: expected one tensor, got {len(tensors)}")
-        if not 0 <= peer < self.size() or peer == self.rank():
+        if kind == _RECV_ANY:
+            if self.size() < 2:
+                raise ValueError(f"fakegpu recv from any source: this {self.size()}-rank group has no "
+                                 "other rank to receive from")
+        elif not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"fakegpu {kind}: peer {peer} is not another rank of this "
                              f"{self.size()}-rank group (this is rank {self.rank()})")
+        # An any-source recv learns its source when it runs (_flush_p2p sets op.source_rank).
         op = Op(kind, self._stream, list(tensors), flush=self._flush_p2p,
                 source_rank=peer if kind == "recv" else -1)
         work = op.work()
@@ -679,6 +686,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             self._pending_p2p.append((kind, _Contiguous(tensors[0]), peer, op))
         return work
 
+    # Tags are not matched (as with NCCL): sends and recvs between two ranks pair in issue order.
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
         return self._queue_p2p("send", tensors, dstRank)
 
@@ -686,33 +694,100 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._queue_p2p("recv", tensors, srcRank)
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("fakegpu: recv from any source is not supported (NCCL has no "
-                           "wildcard receive); pass src=")
+        """``dist.recv``/``irecv`` without ``src``: receives from whichever rank's send to this
+        rank reached the coordinator first; ``Work._source_rank()`` tells which, once done."""
+        return self._queue_p2p(_RECV_ANY, tensors, -1)
+
+    def _probe_timeout_ms(self) -> int:
+        """How long an any-source recv waits for a sender: the group's timeout less a margin, so
+        that the probe's own error ("no rank sent to rank r within N ms") comes before the
+        stream's watchdog and a waiter's generic timeout (and the group stays usable)."""
+        seconds = self.timeout.total_seconds()
+        return max(1, int((seconds - min(1.0, seconds / 4)) * 1000))
 
     def _flush_p2p(self) -> None:
-        """Submit every queued send/recv as one NCCL group (one task on the stream)."""
+        """Submit every queued send/recv as one NCCL group (one task on the stream).
+
+        Any-source recvs in the batch: every other send and recv of the batch is issued first,
+        as one NCCL group on a helper thread (its sends may be what the peers wait for, as the
+        peers' sends are what this rank waits for); then, one at a time, the coordinator is
+        asked which rank has a send to this rank waiting (``Comm.probe_source``) and the recv
+        from that rank is issued."""
         with self._lock:
             pending, self._pending_p2p = self._pending_p2p, []
             if not pending:
                 return
             comm = self.comm
+            probe_timeout_ms = self._probe_timeout_ms()
+            join_timeout_s = self.timeout.total_seconds()
 
-            def run():
+            def issue(ops, enqueued: Optional[threading.Event] = None) -> None:
                 try:
                     with library().group():
-                        for kind, item, peer, _ in pending:
-                            buf = buffer_of(item.buffer, reducing=False)
-                            if kind == "send":
-                                comm.send(item.buffer, buf.count, buf.dtype, peer)
-                            else:
-                                comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                        try:
+                            for kind, item, peer, _ in ops:
+                                buf = buffer_of(item.buffer, reducing=False)
+                                if kind == "send":
+                                    comm.send(item.buffer, buf.count, buf.dtype, peer)
+                                else:
+                                    comm.recv(item.buffer, buf.count, buf.dtype, peer)
+                        finally:
+                            if enqueued is not None:
+                                enqueued.set()   # the calls hold their match numbers now
                 except NcclError as exc:
                     raise _as_error("send/recv", self.comm_name, exc) from exc
+
+            def run_any_source() -> None:
+                fixed = [entry for entry in pending if entry[0] != _RECV_ANY]
+                helper, failure = None, []
+                if fixed:
+                    enqueued = threading.Event()
+
+                    def issue_fixed():
+                        try:
+                            issue(fixed, enqueued)
+                        except BaseException as exc:  # re-raised by the stream's task below
+                            failure.append(exc)
+                            enqueued.set()
+
+                    helper = threading.Thread(target=issue_fixed, daemon=True,
+                                              name=f"fakegpu-p2p-{self.comm_name}")
+                    helper.start()
+                    # Before probing: the probe tells the coordinator which recvs this rank
+                    # posted, so the group's recvs must have their match numbers first.
+                    enqueued.wait()
+                try:
+                    for kind, item, _, op in pending:
+                        if kind != _RECV_ANY or failure:
+                            continue
+                        try:
+                            peer = comm.probe_source(probe_timeout_ms)
+                        except NcclError as exc:
+                            raise _as_error(_RECV_ANY, self.comm_name, exc) from exc
+                        op.source_rank = peer
+                        issue([("recv", item, peer, op)])
+                finally:
+                    if helper is not None:
+                        helper.join(join_timeout_s)
+                        if helper.is_alive():
+                            failure.append(backend_error(
+                                f"fakegpu: send/recv on process group {self.comm_name!r}: the sends and "
+                                f"recvs issued with a recv from any source did not complete within "
+                                f"{join_timeout_s * 1000:.0f} ms"))
+                if failure:
+                    raise failure[0]
+
+            def run():
+                if any(kind == _RECV_ANY for kind, *_ in pending):
+                    run_any_source()
+                else:
+                    issue(pending)
                 for kind, item, _, _ in pending:
-                    if kind == "recv":
+                    if kind != "send":
                         item.commit()
 
-            self._stream.submit(Task("send/recv", run, [op for *_, op in pending]))
+            what = "send/recv" if all(kind != _RECV_ANY for kind, *_ in pending) else "send/recv (any source)"
+            self._stream.submit(Task(what, run, [op for *_, op in pending]))
 
     # -- groups from groups ------------------------------------------------------------------------
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,

@@ -354,6 +354,23 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       decoded = decode(r, &d) && d.comm_handle == m.comm_handle;
       break;
     }
+    case kProbeSource: {
+      ProbeSource m;
+      m.comm_handle = f["comm_handle"].u(); m.timeout_ms = (uint32_t)f["timeout_ms"].u();
+      for (const Json& x : f["recvs_posted"].arr) m.recvs_posted.push_back((uint32_t)x.u());
+      encode(w, m);
+      ProbeSource d;
+      decoded = decode(r, &d) && d.comm_handle == m.comm_handle && d.timeout_ms == m.timeout_ms &&
+                d.recvs_posted == m.recvs_posted && f["nranks"].u() == m.recvs_posted.size();
+      break;
+    }
+    case kSource: {
+      Source m{(int32_t)f["peer"].i()};
+      encode(w, m);
+      Source d;
+      decoded = decode(r, &d) && d.peer == m.peer;
+      break;
+    }
     case kArenaInfo: {
       ArenaInfo m;
       m.granted = (uint32_t)f["granted"].u(); m.rank = (uint32_t)f["rank"].u();

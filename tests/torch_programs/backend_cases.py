@@ -210,15 +210,97 @@ def sum_order(backend):
             "equal_exactly_rounded": float((tensor == exact).double().mean())}
 
 
+def recv_any_source(backend):
+    """Ranks 1..n-1 send to rank 0, which receives without naming a source: dist.recv (two
+    float sends per sender), then irecv posted n-1 times before any wait (one int64 send each)."""
+    rank, world = _init(backend)
+    out = {}
+    if rank == 0:
+        got = []
+        for _ in range(2 * (world - 1)):
+            t = torch.empty(3)
+            src = dist.recv(t)
+            got.append([src, t.tolist()])
+        out["recv"] = got
+    else:
+        for k in range(2):
+            dist.send(torch.tensor([float(rank), float(k), 10.0 * rank + k]), dst=0)
+    dist.barrier()  # the int64 sends must not meet the float recvs
+    if rank == 0:
+        bufs = [torch.empty(2, dtype=torch.int64) for _ in range(world - 1)]
+        works = [dist.irecv(t) for t in bufs]
+        for w in works:
+            w.wait()
+        out["irecv"] = [[w._source_rank(), t.tolist()] for w, t in zip(works, bufs)]
+    else:
+        dist.send(torch.tensor([rank, -100 * rank]), dst=0)
+    dist.barrier()
+    return out
+
+
+def recv_any_source_exchange(backend):
+    """A ring where every rank receives from any source and sends to the next rank: irecv
+    posted before the isend, then isend before the irecv (a rank that must send before it can
+    receive, as its predecessor does)."""
+    rank, world = _init(backend)
+    nxt = (rank + 1) % world
+    out = {}
+    for name, recv_first in (("recv_first", True), ("send_first", False)):
+        got = torch.empty(2)
+        payload = torch.tensor([float(rank), 1000.0 + rank])
+        if recv_first:
+            works = [dist.irecv(got), dist.isend(payload, nxt)]
+            recv_work = works[0]
+        else:
+            works = [dist.isend(payload, nxt), dist.irecv(got)]
+            recv_work = works[1]
+        for w in works:
+            w.wait()
+        out[name] = [recv_work._source_rank(), got.tolist()]
+    return out
+
+
+def recv_any_source_timeout(backend, flag_dir):
+    """Nobody sends: rank 0's recv without a source fails after the group's timeout; then
+    every rank runs an all_reduce (is the group still usable?)."""
+    rank, world = _init(backend, timeout_s=4.0)
+    done = os.path.join(flag_dir, "rank0_done")
+    out = {}
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            src = dist.recv(torch.empty(2))
+            out["error"] = None
+            out["src"] = src
+        except Exception as exc:  # noqa: BLE001 - the error is what is compared
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        out["elapsed"] = time.monotonic() - start
+        open(done, "w").close()
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    t = torch.ones(1)
+    try:
+        dist.all_reduce(t)
+        out["after"] = t.tolist()
+    except Exception as exc:  # noqa: BLE001
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+_FLAG_DIR_CASES = ("barrier_timeout", "recv_any_source_timeout")
+
+
 def main() -> int:
     case, backend, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     fn = globals()[case]
-    result = fn(backend, outdir) if case == "barrier_timeout" else fn(backend)
+    result = fn(backend, outdir) if case in _FLAG_DIR_CASES else fn(backend)
     rank = int(os.environ["RANK"])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     sys.stdout.flush()
-    if case == "barrier_timeout":
+    if case in _FLAG_DIR_CASES:
         os._exit(0)  # a timed-out group cannot be torn down cleanly (as with gloo)
     dist.destroy_process_group()
     return 0

@@ -35,6 +35,7 @@ from fakegpu.coordinator.registry import Client, InitRendezvous, ShrinkRendezvou
 from fakegpu.topology.model import rank_ranges
 
 from .accounting import AccountingMixin
+from .anysource import AnySourceMixin
 from .arenas import ArenasMixin
 from .common import (CLOSE, DEFAULT_STAGING_BYTES, MAX_STAGING_BYTES, MIN_STAGING_BYTES, OFFLOAD_MIN_BYTES,
                      SEND, SHUTDOWN, _env_local_collectives, _env_local_slot_bytes, _version,
@@ -45,7 +46,7 @@ from .injection import InjectionMixin
 from .p2p import P2PMixin
 
 
-class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMixin, InjectionMixin):
+class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixin, AccountingMixin, InjectionMixin):
     def __init__(self, *, token: str = "", timeout_ms: int = 600_000,
                  default_staging_bytes: int = DEFAULT_STAGING_BYTES,
                  max_staging_bytes: int = MAX_STAGING_BYTES, recorder=None,
@@ -82,6 +83,9 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMix
         self.comms: dict = {}
         self.inits: dict = {}
         self._waiting: OrderedDict = OrderedDict()   # item -> None; deadline order
+        # PROBE_SOURCE requests waiting for a Send (anysource.py), in arrival order; kept apart
+        # from _waiting because their deadlines come from the callers, not in arrival order.
+        self._probes: list = []
         self._freed: dict = {}                        # handle -> client that freed it
         self._next_handle = 1
         self._next_comm = 1
@@ -158,6 +162,8 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMix
                 self._local_ops(client, frame)
             elif t == P.ARENA:
                 self._arena(client, frame)
+            elif t == P.PROBE_SOURCE:
+                self._probe_source(client, frame)
             elif t == P.PING:
                 out.append((SEND, conn_id, self._pong(frame.request_id)))
             elif t == P.SHUTDOWN:
@@ -237,6 +243,8 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, ArenasMixin, AccountingMix
         now = self.clock() if now is None else now
         if self._delayed:
             self._release_delayed(now)
+        if self._probes:
+            self._tick_probes(now)
         waiting = self._waiting
         while waiting:
             item = next(iter(waiting))

@@ -79,6 +79,8 @@ class P2PMixin:
         step.deadline = now + self.timeout_s
         mine[skey] = step
         self._waiting[step] = None
+        if sending and self._probes:
+            self._wake_probes(comm, peer)   # the receiver may wait to learn who sends to it
         return sending
 
     @staticmethod

@@ -36,6 +36,11 @@ ncclResult_t get_mode(DistMode** out) {
                requested.c_str());
 }
 
+ncclResult_t DistMode::probe_source(ncclComm*, uint32_t, int*) {
+  return failf(ncclInvalidUsage, "fakegpu_probe_source: FAKEGPU_DIST_MODE=%s has no coordinator that sees the "
+               "peers' Sends (receiving from any source needs the simulate mode)", name());
+}
+
 ncclResult_t DistMode::get_unique_id(uint8_t out[128]) {
   make_unique_id(out);
   return ncclSuccess;

@@ -81,6 +81,10 @@ class DistMode {
   // An asynchronous failure the mode knows of beyond comm->async_error (the real library's,
   // polled by torch's watchdog through ncclCommGetAsyncError); ncclSuccess when none.
   virtual ncclResult_t async_error(ncclComm* comm) { return ncclSuccess; }
+  // fakegpu_probe_source: waits (at most timeout_ms; 0 = the coordinator's timeout) until some
+  // peer's Send to this rank of `comm` waits at the coordinator and sets *peer to that rank.
+  // Only modes whose Send/Recv meet on the coordinator can answer.
+  virtual ncclResult_t probe_source(ncclComm* comm, uint32_t timeout_ms, int* peer);
 };
 
 // `calls` without the rejected placeholders, for modes that match nothing on a coordinator

@@ -527,6 +527,44 @@ class SimulateMode : public DistMode {
       *first_msg = text;
     }
   }
+
+  ncclResult_t probe_source(ncclComm* comm, uint32_t timeout_ms, int* peer) override {
+    Client* client;
+    ncclResult_t rc = Client::get(&client);
+    if (rc != ncclSuccess) return rc;
+    std::vector<uint8_t> body;
+    proto::Writer w(&body);
+    proto::ProbeSource probe;
+    probe.comm_handle = comm->handle;
+    probe.timeout_ms = timeout_ms;
+    {
+      // Recvs still in flight (another thread's group) count: the coordinator names a Send
+      // that the caller's *next* Recv from its sender pairs with.
+      std::lock_guard<std::mutex> lk(comm->mu);
+      probe.recvs_posted = comm->recv_seq;
+    }
+    probe.recvs_posted.resize(comm->nranks, 0);
+    proto::encode(w, probe);
+    Pending p;
+    // The coordinator answers within min(timeout_ms, its own timeout): the client's default
+    // wait (the coordinator's timeout plus a margin) covers both.
+    rc = client->call(&p, proto::kProbeSource, body);
+    if (rc != ncclSuccess) return rc;
+    proto::Reader r(p.body.data(), p.body.size());
+    if (p.hdr.type == proto::kError) {
+      proto::Error e;
+      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
+      return failf(result_from_wire(e.result), "fakegpu: fakegpu_probe_source: %s", e.message.c_str());
+    }
+    proto::Source src;
+    if (p.hdr.type != proto::kSource || !proto::decode(r, &src))
+      return failf(ncclSystemError, "fakegpu: fakegpu_probe_source: unexpected %s answer", proto::type_name(p.hdr.type));
+    if (src.peer < 0 || src.peer >= comm->nranks || src.peer == comm->rank)
+      return failf(ncclInternalError, "fakegpu: fakegpu_probe_source: the coordinator named rank %d, not a peer of "
+                   "rank %d of this %d-rank communicator", src.peer, comm->rank, comm->nranks);
+    *peer = src.peer;
+    return ncclSuccess;
+  }
 };
 
 }  // namespace

@@ -135,6 +135,13 @@ void encode(Writer& w, const Ping& m) {
 void encode(Writer& w, const Pong& m) { w.str(m.description); }
 void encode(Writer& w, const Shutdown& m) { w.str(m.token); }
 void encode(Writer& w, const ArenaRequest& m) { w.u64(m.comm_handle); }
+void encode(Writer& w, const ProbeSource& m) {
+  w.u64(m.comm_handle);
+  w.u32(m.timeout_ms);
+  w.u32(static_cast<uint32_t>(m.recvs_posted.size()));
+  for (uint32_t n : m.recvs_posted) w.u32(n);
+}
+void encode(Writer& w, const Source& m) { w.i32(m.peer); }
 void encode(Writer& w, const ArenaInfo& m) {
   w.u32(m.granted);
   w.u32(m.rank);
@@ -235,6 +242,15 @@ bool decode(Reader& r, Ping* m) {
 bool decode(Reader& r, Pong* m) { return r.str(&m->description); }
 bool decode(Reader& r, Shutdown* m) { return r.str(&m->token); }
 bool decode(Reader& r, ArenaRequest* m) { return r.u64(&m->comm_handle); }
+bool decode(Reader& r, ProbeSource* m) {
+  uint32_t n;
+  if (!r.u64(&m->comm_handle) || !r.u32(&m->timeout_ms) || !r.u32(&n) || n > r.remaining() / 4) return false;
+  m->recvs_posted.resize(n);
+  for (uint32_t& v : m->recvs_posted)
+    if (!r.u32(&v)) return false;
+  return true;
+}
+bool decode(Reader& r, Source* m) { return r.i32(&m->peer); }
 bool decode(Reader& r, ArenaInfo* m) {
   return r.u32(&m->granted) && r.u32(&m->rank) && r.u64(&m->slot_bytes) && r.u64(&m->total_bytes) &&
          r.str(&m->path) && r.str(&m->reason);

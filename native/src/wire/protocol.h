@@ -164,6 +164,18 @@ struct Shutdown {
 struct ArenaRequest {
   uint64_t comm_handle = 0;
 };
+// PROBE_SOURCE: which rank has a Send to the caller waiting in this communicator (docs/protocol.md,
+// "Receive from any source"); timeout_ms 0 means the coordinator's own timeout.
+struct ProbeSource {
+  uint64_t comm_handle = 0;
+  uint32_t timeout_ms = 0;
+  // The caller's Recv calls from each rank so far (comm->recv_seq), nranks entries on the wire.
+  std::vector<uint32_t> recvs_posted;
+};
+// SOURCE: the answer to PROBE_SOURCE, a rank of the caller's communicator.
+struct Source {
+  int32_t peer = -1;
+};
 // ARENA_INFO: granted 1 with the file's path and geometry, or 0 with the reason in `reason`.
 struct ArenaInfo {
   uint32_t granted = 0, rank = 0;
@@ -199,6 +211,8 @@ void encode(Writer& w, const Pong& m);
 void encode(Writer& w, const Shutdown& m);
 void encode(Writer& w, const ArenaRequest& m);
 void encode(Writer& w, const ArenaInfo& m);
+void encode(Writer& w, const ProbeSource& m);
+void encode(Writer& w, const Source& m);
 // Writes nranks waits per record (missing ones as 0, extra ones dropped) so the body is always well formed.
 void encode(Writer& w, const LocalOps& m);
 // Writes the 8-byte prefix of a GROUP / SIMULATE / ACCOUNT body (u32 n_ops, u32 flags) at `out`.
@@ -222,6 +236,8 @@ bool decode(Reader& r, Pong* m);
 bool decode(Reader& r, Shutdown* m);
 bool decode(Reader& r, ArenaRequest* m);
 bool decode(Reader& r, ArenaInfo* m);
+bool decode(Reader& r, ProbeSource* m);
+bool decode(Reader& r, Source* m);
 bool decode(Reader& r, LocalOps* m);  // false when the declared counts exceed the body
 bool decode_opdesc(Reader& r, OpDesc* d);
 
