@@ -320,35 +320,35 @@ class Model {
 
 using fakegpu::allocator::Model;
 
-#define FAKEGPU_EXPORT extern "C" __attribute__((visibility("default")))
+#define ALLOCATOR_MODEL_API extern "C" __attribute__((visibility("default")))
 
-FAKEGPU_EXPORT void* fakegpu_alloc_model_new(int device, uint64_t total_memory) {
+ALLOCATOR_MODEL_API void* fakegpu_alloc_model_new(int device, uint64_t total_memory) {
   return new Model(device, total_memory);
 }
-FAKEGPU_EXPORT void fakegpu_alloc_model_delete(void* model) { delete static_cast<Model*>(model); }
-FAKEGPU_EXPORT uint64_t fakegpu_alloc_model_malloc(void* model, uint64_t nbytes) {
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_delete(void* model) { delete static_cast<Model*>(model); }
+ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_model_malloc(void* model, uint64_t nbytes) {
   return static_cast<Model*>(model)->malloc(nbytes);
 }
-FAKEGPU_EXPORT void fakegpu_alloc_model_free(void* model, uint64_t handle) {
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_free(void* model, uint64_t handle) {
   static_cast<Model*>(model)->free(handle);
 }
-FAKEGPU_EXPORT uint64_t fakegpu_alloc_model_block_size(void* model, uint64_t handle) {
+ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_model_block_size(void* model, uint64_t handle) {
   return static_cast<Model*>(model)->block_size(handle);
 }
-FAKEGPU_EXPORT void fakegpu_alloc_model_release_cached(void* model) {
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_release_cached(void* model) {
   static_cast<Model*>(model)->release_cached();
 }
-FAKEGPU_EXPORT void fakegpu_alloc_model_reset_peak(void* model) { static_cast<Model*>(model)->reset_peak(); }
-FAKEGPU_EXPORT void fakegpu_alloc_model_reset_accumulated(void* model) {
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_reset_peak(void* model) { static_cast<Model*>(model)->reset_peak(); }
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_reset_accumulated(void* model) {
   static_cast<Model*>(model)->reset_accumulated();
 }
-FAKEGPU_EXPORT void fakegpu_alloc_model_stats(void* model, int64_t* out) { static_cast<Model*>(model)->stats(out); }
-FAKEGPU_EXPORT uint64_t fakegpu_alloc_model_blocks(void* model, uint64_t* out, uint64_t capacity) {
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_stats(void* model, int64_t* out) { static_cast<Model*>(model)->stats(out); }
+ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_model_blocks(void* model, uint64_t* out, uint64_t capacity) {
   return static_cast<Model*>(model)->blocks(out, capacity);
 }
-FAKEGPU_EXPORT uint64_t fakegpu_alloc_round_size(uint64_t nbytes) {
+ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_round_size(uint64_t nbytes) {
   return fakegpu::allocator::round_size(nbytes);
 }
-FAKEGPU_EXPORT uint64_t fakegpu_alloc_segment_size(uint64_t rounded) {
+ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_segment_size(uint64_t rounded) {
   return fakegpu::allocator::segment_size(rounded);
 }
