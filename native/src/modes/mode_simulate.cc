@@ -30,6 +30,26 @@ ncclResult_t result_from_wire(int32_t r) {
   return (r >= 0 && r < ncclNumResults) ? static_cast<ncclResult_t>(r) : ncclInternalError;
 }
 
+// One request to the coordinator and its answer, decoded into `answer`: an ERROR frame
+// becomes the call's error (`what` names the call), any other answer than `answer_type` is
+// a protocol error.
+template <typename Answer>
+ncclResult_t request(Client* client, uint16_t type, const std::vector<uint8_t>& body, uint16_t answer_type,
+                     const char* what, Answer* answer) {
+  Pending p;
+  ncclResult_t rc = client->call(&p, type, body);
+  if (rc != ncclSuccess) return rc;
+  proto::Reader r(p.body.data(), p.body.size());
+  if (p.hdr.type == proto::kError) {
+    proto::Error e;
+    if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
+    return failf(result_from_wire(e.result), "fakegpu: %s: %s", what, e.message.c_str());
+  }
+  if (p.hdr.type != answer_type || !proto::decode(r, answer))
+    return failf(ncclSystemError, "fakegpu: %s: unexpected %s answer", what, proto::type_name(p.hdr.type));
+  return ncclSuccess;
+}
+
 // Reads a GROUP_DONE whose output bytes travel in the stream (socket staging) straight
 // into the user's output buffers.
 class GroupDoneSink : public BodySink {
@@ -295,18 +315,9 @@ class SimulateMode : public DistMode {
       step_lengths(calls[k], st.cnt, &st.in_len, &st.out_len);
       encode_step_desc(calls[k], st, body.data() + 8 + k * proto::kOpDescSize);
     }
-    Pending p;
-    rc = client->call(&p, proto::kSimulate, body);
-    if (rc != ncclSuccess) return rc;
-    proto::Reader r(p.body.data(), p.body.size());
-    if (p.hdr.type == proto::kError) {
-      proto::Error e;
-      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
-      return failf(result_from_wire(e.result), "fakegpu: ncclGroupSimulateEnd: %s", e.message.c_str());
-    }
     proto::SimulateDone d;
-    if (p.hdr.type != proto::kSimulateDone || !proto::decode(r, &d))
-      return failf(ncclSystemError, "fakegpu: ncclGroupSimulateEnd: unexpected %s answer", proto::type_name(p.hdr.type));
+    rc = request(client, proto::kSimulate, body, proto::kSimulateDone, "ncclGroupSimulateEnd", &d);
+    if (rc != ncclSuccess) return rc;
     *estimated_us = d.estimated_time_us;
     return ncclSuccess;
   }
@@ -545,20 +556,11 @@ class SimulateMode : public DistMode {
     }
     probe.recvs_posted.resize(comm->nranks, 0);
     proto::encode(w, probe);
-    Pending p;
     // The coordinator answers within min(timeout_ms, its own timeout): the client's default
     // wait (the coordinator's timeout plus a margin) covers both.
-    rc = client->call(&p, proto::kProbeSource, body);
-    if (rc != ncclSuccess) return rc;
-    proto::Reader r(p.body.data(), p.body.size());
-    if (p.hdr.type == proto::kError) {
-      proto::Error e;
-      if (!proto::decode(r, &e)) return fail(ncclSystemError, "fakegpu: malformed ERROR frame");
-      return failf(result_from_wire(e.result), "fakegpu: fakegpu_probe_source: %s", e.message.c_str());
-    }
     proto::Source src;
-    if (p.hdr.type != proto::kSource || !proto::decode(r, &src))
-      return failf(ncclSystemError, "fakegpu: fakegpu_probe_source: unexpected %s answer", proto::type_name(p.hdr.type));
+    rc = request(client, proto::kProbeSource, body, proto::kSource, "fakegpu_probe_source", &src);
+    if (rc != ncclSuccess) return rc;
     if (src.peer < 0 || src.peer >= comm->nranks || src.peer == comm->rank)
       return failf(ncclInternalError, "fakegpu: fakegpu_probe_source: the coordinator named rank %d, not a peer of "
                    "rank %d of this %d-rank communicator", src.peer, comm->rank, comm->nranks);
