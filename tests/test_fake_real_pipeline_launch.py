@@ -87,6 +87,29 @@ def test_plain_pipelining_program_matches_torchrun_gloo_at_the_full_world_size(t
                for c in dp_groups)
 
 
+def test_a_pipeline_group_with_ranks_no_process_plays_is_refused_with_the_fix(tmp_path, shim_library):
+    """With the mesh (dp, pp) the pipeline groups are {0,1} and {2,3}, but the default contract
+    puts the processes at logical ranks 0 and 2: the schedule's first step says so and what to set;
+    with that setting the same program trains."""
+    args = ["--standalone", "--nproc-per-node", "2", str(PROGRAM), "--pp-inner", "--steps", "2"]
+    env = fgpu_env(shim_library, NGPU="4", FAKEGPU_PP_DEGREE="2", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "fakegpu", "run", "-q", "--dist-mode", "real_pp_fake_spmd", "--",
+                           sys.executable, "-m", "torch.distributed.run", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert done.returncode != 0
+    assert ("LaunchContractError: fakegpu: pipeline stage 0 sends over the group of logical ranks [0, 1], "
+            "but no process plays rank(s) 1") in done.stderr, done.stderr[-4000:]
+    assert "processes play logical ranks [0, 2]" in done.stderr
+    assert "FAKEGPU_PHYSICAL_RANKS=0,1" in done.stderr
+
+    env = fgpu_env(shim_library, NGPU="4", FAKEGPU_PHYSICAL_RANKS="0,1", OMP_NUM_THREADS="1")
+    out, _ = run_fgpu_torchrun(tmp_path, env, ["-q", "--dist-mode", "real_pp_fake_spmd"], args)
+    results = _results(out)
+    assert sorted(results) == [0, 1] and results[1]["stage"] == 1
+    assert len(results[1]["losses"]) == 2 and all(math.isfinite(v) and v > 0 for v in results[1]["losses"])
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None

@@ -32,11 +32,22 @@ def provide_set_timeout(skip_backend: str | None = None) -> None:
         return
 
     def set_timeout(timeout, group=None) -> None:
-        if skip_backend is not None and c10d.get_backend(group) == skip_backend:
+        if skip_backend is not None and _backend_name(c10d, group) == skip_backend:
             return
         c10d._set_pg_timeout(timeout, group)
 
     dist.set_timeout = set_timeout
+
+
+def _backend_name(c10d, group) -> str:
+    """The backend that carries ``group``.  ``get_backend`` answers the name the group was asked
+    for (a DeviceMesh on cuda asks for nccl), which a backend that takes over every group
+    (the fake worlds' fakegpu_fake) does not change; a Python process group names itself."""
+    pg = group if group is not None else c10d._get_default_group()
+    own = getattr(pg, "getBackendName", None)
+    if callable(own):
+        return str(own()).lower()
+    return str(c10d.get_backend(pg))
 
 
 def provide_microbatch_step() -> None:

@@ -13,7 +13,7 @@ and the two launches must agree bit for bit:
   gradients inherit the tiling.  FSDP2's dim-0 shards over 2 ranks are then equal, so an
   all-gather of "this rank's shard n times" is the real unsharded parameter.
 
-    torchrun --nproc-per-node 4 pipeline_fsdp_train.py [--schedule gpipe|1f1b] [--steps N]
+    torchrun --nproc-per-node 4 pipeline_fsdp_train.py [--schedule gpipe|1f1b] [--steps N] [--pp-inner]
 
 Prints one line ``RESULT {json}`` per process: its rank, the world size, the last stage's loss per
 step, and a checksum of this rank's own parameter shards after training.
@@ -48,11 +48,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--pp-inner", action="store_true",
+                        help="mesh (dp, pp) instead of (pp, dp): pipeline groups of consecutive ranks")
     args = parser.parse_args()
 
     dist.init_process_group()   # env://, gloo on CPU
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (PIPELINE_STAGES, world // PIPELINE_STAGES), mesh_dim_names=("pp", "dp"))
+    if args.pp_inner:
+        mesh = init_device_mesh("cpu", (world // PIPELINE_STAGES, PIPELINE_STAGES), mesh_dim_names=("dp", "pp"))
+    else:
+        mesh = init_device_mesh("cpu", (PIPELINE_STAGES, world // PIPELINE_STAGES), mesh_dim_names=("pp", "dp"))
     stage_index = mesh.get_local_rank("pp")
 
     block = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.Tanh(), nn.Linear(2 * WIDTH, WIDTH))
