@@ -166,10 +166,13 @@ def test_torchtitan_pipeline_parallel_under_real_pp_fake_spmd(tmp_path, shim_lib
     meta = data["metadata"]
     assert meta["logical_world_size"] == 8 and meta["physical_logical_ranks"] == [0, 4]
     assert meta["fake_world"]["events_from_physical_ranks"] == [0, 1]
-    # DeviceMesh's pipeline and FSDP groups keep their names; the pipeline groups span both stages
-    groups = {c["name"]: c for c in data["communicators"]}
-    assert {"mesh_pp", "mesh_fsdp"} <= set(groups), sorted(groups)
-    assert sorted(c["members"] for c in data["communicators"] if c["name"] == "mesh_pp")[0] == [0, 4]
+    # DeviceMesh's groups keep their names: the pipeline's send/recv on its 4 replicas {b, b + 4}
+    # (mesh_pp[b]), FSDP2 on each stage's fsdp group
+    comms = data["communicators"]
+    pipelines = sorted(c["members"] for c in comms if c["name"].startswith("mesh_pp") and "SendRecv" in c["by_kind"])
+    assert pipelines == [[b, b + 4] for b in range(4)], pipelines
+    fsdp = sorted(c["members"] for c in comms if c["name"] == "mesh_fsdp")
+    assert fsdp == [[0, 1, 2, 3], [4, 5, 6, 7]], fsdp
     p2p = data["point_to_point"]["operations"]
     assert p2p > 0 and p2p % 4 == 0            # replicated over the 4 pipelines {b, b + 4}
     assert data["collectives"]["AllGather"]["calls"] > 0 and data["collectives"]["ReduceScatter"]["calls"] > 0
