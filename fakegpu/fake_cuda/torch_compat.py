@@ -24,15 +24,23 @@ import inspect
 import torch
 
 
+# Backends whose groups have no timeout to set.  Fake CUDA devices and a fake world each add
+# theirs (both are installed in a fake world on fake devices, in either order), so one
+# set_timeout serves every caller.
+_TIMEOUTLESS_BACKENDS: set[str] = set()
+
+
 def provide_set_timeout(skip_backend: str | None = None) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    if skip_backend is not None:
+        _TIMEOUTLESS_BACKENDS.add(skip_backend)
     if hasattr(dist, "set_timeout") or not hasattr(c10d, "_set_pg_timeout"):
         return
 
     def set_timeout(timeout, group=None) -> None:
-        if skip_backend is not None and _backend_name(c10d, group) == skip_backend:
+        if _backend_name(c10d, group) in _TIMEOUTLESS_BACKENDS:
             return
         c10d._set_pg_timeout(timeout, group)
 
