@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
 import subprocess
 import sys
