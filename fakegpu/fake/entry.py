@@ -137,8 +137,11 @@ def install() -> None:
     from fakegpu.fake_cuda import torch_compat
 
     torch_compat.install(skip_backend=fake_pg.BACKEND_NAME)
-    if (os.environ.get("FAKEGPU_DIST_MODE") or "").strip().lower() == _contract.MODE_FAKE:
+    mode = (os.environ.get("FAKEGPU_DIST_MODE") or "").strip().lower()
+    if mode == _contract.MODE_FAKE:
         _explain_pipeline_failures()
+    elif mode == _contract.MODE_REAL_PP:
+        _check_pipeline_groups_are_physical()
 
 
 PIPELINE_HINT = (
@@ -172,4 +175,64 @@ def _explain_pipeline_failures() -> None:
 
         functools.update_wrapper(step, original)
         step._fakegpu_explained = True
+        cls.step = step
+
+
+def _schedule_stages(schedule) -> list:
+    stages = getattr(schedule, "_stages", None)      # PipelineScheduleMulti
+    if stages is None:
+        stage = getattr(schedule, "_stage", None)    # PipelineScheduleSingle
+        stages = [] if stage is None else [stage]
+    return list(stages)
+
+
+def pipeline_group_problem(stage, lc: _contract.LaunchContract) -> Optional[str]:
+    """Why ``stage``'s pipeline group cannot carry a real pipeline under ``lc``, or None.
+
+    In real_pp_fake_spmd only a group whose members are all played by processes runs for real;
+    a pipeline group with a fake member would have a stage exchange activations with a stage
+    that does not exist (it would fail later on a metadata or shape mismatch, far from the cause)."""
+    import torch.distributed as dist
+
+    group = getattr(stage, "group", None)
+    members = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    absent = [m for m in members if not lc.is_physical(m)]
+    if not absent:
+        return None
+    shown = ", ".join(map(str, absent[:8])) + (", ..." if len(absent) > 8 else "")
+    # The pipeline group of logical rank 0, if groups are translates of each other (DeviceMesh's are).
+    first_pipeline = [m - min(members) for m in members]
+    return (f"fakegpu: pipeline stage {getattr(stage, 'stage_index', '?')} sends over the group of "
+            f"logical ranks {members}, but no process plays rank(s) {shown}: in real_pp_fake_spmd "
+            f"the {lc.physical_world_size} processes play logical ranks {list(lc.physical_ranks)} "
+            f"(the first rank of each pipeline stage's NGPU/P = {lc.spmd_size} consecutive ranks, "
+            f"i.e. the pipeline dimension outermost in the DeviceMesh). Make the pipeline dimension "
+            f"the first mesh dimension, or make the processes play one pipeline group's ranks, in "
+            f"stage order: e.g. FAKEGPU_PHYSICAL_RANKS={','.join(map(str, first_pipeline))}")
+
+
+def _check_pipeline_groups_are_physical() -> None:
+    """Before a schedule's first step in real_pp_fake_spmd mode, check that every stage it runs
+    exchanges with processes that exist, and say what to change when not."""
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return
+    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        original = cls.step
+        if getattr(original, "_fakegpu_checked", False):
+            continue
+
+        def step(self, *args, __original=original, **kwargs):
+            if not getattr(self, "_fakegpu_groups_checked", False):
+                lc = _contract.resolve()
+                for stage in _schedule_stages(self):
+                    problem = pipeline_group_problem(stage, lc)
+                    if problem:
+                        raise _contract.LaunchContractError(problem)
+                self._fakegpu_groups_checked = True
+            return __original(self, *args, **kwargs)
+
+        functools.update_wrapper(step, original)
+        step._fakegpu_checked = True
         cls.step = step

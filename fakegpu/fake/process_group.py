@@ -615,6 +615,20 @@ def register() -> str:
     return BACKEND_NAME
 
 
+def _physical_store(env, lc: _contract.LaunchContract, timeout: timedelta):
+    """The store the physical processes share, at MASTER_ADDR:MASTER_PORT.
+
+    Under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent already serves a TCPStore
+    there, so every process is a client, as torch's own ``env://`` rendezvous does; a second
+    server on rank 0 would fail to bind (torch then logs an error and carries on).  Keys are
+    kept apart per restart attempt, so a restarted job never reads a failed attempt's keys."""
+    host, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(host, port, lc.physical_world_size, False, timeout=timeout)
+        return dist.PrefixStore(f"fakegpu/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    return dist.TCPStore(host, port, lc.physical_world_size, lc.physical_rank == 0, timeout=timeout)
+
+
 def init_process_group(*, pp_degree: Optional[int] = None, env=None, timeout: Optional[timedelta] = None,
                        **world_kw) -> runtime.FakeWorld:
     """Read the launch contract, start the fake world and ``dist.init_process_group`` on it.
@@ -629,8 +643,7 @@ def init_process_group(*, pp_degree: Optional[int] = None, env=None, timeout: Op
     env = os.environ if env is None else env
     timeout = timeout or timedelta(seconds=float(env.get("FAKEGPU_FAKE_TIMEOUT", "300")))
     if lc.physical_world_size > 1:
-        store = dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")),
-                              lc.physical_world_size, lc.physical_rank == 0, timeout=timeout)
+        store = _physical_store(env, lc, timeout)
     else:
         store = dist.HashStore()
     world.store = store

@@ -24,19 +24,38 @@ import inspect
 import torch
 
 
+# Backends whose groups have no timeout to set.  Fake CUDA devices and a fake world each add
+# theirs (both are installed in a fake world on fake devices, in either order), so one
+# set_timeout serves every caller.
+_TIMEOUTLESS_BACKENDS: set[str] = set()
+
+
 def provide_set_timeout(skip_backend: str | None = None) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    if skip_backend is not None:
+        _TIMEOUTLESS_BACKENDS.add(skip_backend)
     if hasattr(dist, "set_timeout") or not hasattr(c10d, "_set_pg_timeout"):
         return
 
     def set_timeout(timeout, group=None) -> None:
-        if skip_backend is not None and c10d.get_backend(group) == skip_backend:
+        if _backend_name(c10d, group) in _TIMEOUTLESS_BACKENDS:
             return
         c10d._set_pg_timeout(timeout, group)
 
     dist.set_timeout = set_timeout
+
+
+def _backend_name(c10d, group) -> str:
+    """The backend that carries ``group``.  ``get_backend`` answers the name the group was asked
+    for (a DeviceMesh on cuda asks for nccl), which a backend that takes over every group
+    (the fake worlds' fakegpu_fake) does not change; a Python process group names itself."""
+    pg = group if group is not None else c10d._get_default_group()
+    own = getattr(pg, "getBackendName", None)
+    if callable(own):
+        return str(own()).lower()
+    return str(c10d.get_backend(pg))
 
 
 def provide_microbatch_step() -> None:
