@@ -152,30 +152,43 @@ PIPELINE_HINT = (
     "(docs/fake-worlds.md, \"Why pipelining schedules do not run in pure fake mode\")")
 
 
+def _wrap_schedule_steps(marker: str, wrap) -> None:
+    """Replace ``step`` of torch's two pipeline-schedule bases with ``wrap(original_step)``,
+    once per ``marker`` (a flag set on the wrapper; wrappers installed later keep it)."""
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return
+    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        original = cls.step
+        if getattr(original, marker, False):
+            continue
+        step = wrap(original)
+        functools.update_wrapper(step, original)
+        setattr(step, marker, True)
+        cls.step = step
+
+
 def _explain_pipeline_failures() -> None:
     """A pipeline schedule that fails in pure fake mode on its peers' metadata fails with the
     reason and what to run instead, not only torch's "Expected _StageBackwardMeta" line."""
     try:
-        from torch.distributed.pipelining import _utils, schedules
+        from torch.distributed.pipelining import _utils
     except ImportError:
         return
     metadata_error = getattr(_utils, "PipeliningMetadataError", None)
     if metadata_error is None:
         return
-    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
-        original = cls.step
-        if getattr(original, "_fakegpu_explained", False):
-            continue
 
-        def step(self, *args, __original=original, **kwargs):
+    def wrap(original):
+        def step(self, *args, **kwargs):
             try:
-                return __original(self, *args, **kwargs)
+                return original(self, *args, **kwargs)
             except metadata_error as exc:
                 raise RuntimeError(f"{PIPELINE_HINT}; torch said: {exc}") from exc
+        return step
 
-        functools.update_wrapper(step, original)
-        step._fakegpu_explained = True
-        cls.step = step
+    _wrap_schedule_steps("_fakegpu_explained", wrap)
 
 
 def _schedule_stages(schedule) -> list:
@@ -214,16 +227,8 @@ def pipeline_group_problem(stage, lc: _contract.LaunchContract) -> Optional[str]
 def _check_pipeline_groups_are_physical() -> None:
     """Before a schedule's first step in real_pp_fake_spmd mode, check that every stage it runs
     exchanges with processes that exist, and say what to change when not."""
-    try:
-        from torch.distributed.pipelining import schedules
-    except ImportError:
-        return
-    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
-        original = cls.step
-        if getattr(original, "_fakegpu_checked", False):
-            continue
-
-        def step(self, *args, __original=original, **kwargs):
+    def wrap(original):
+        def step(self, *args, **kwargs):
             if not getattr(self, "_fakegpu_groups_checked", False):
                 lc = _contract.resolve()
                 for stage in _schedule_stages(self):
@@ -231,8 +236,7 @@ def _check_pipeline_groups_are_physical() -> None:
                     if problem:
                         raise _contract.LaunchContractError(problem)
                 self._fakegpu_groups_checked = True
-            return __original(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
+        return step
 
-        functools.update_wrapper(step, original)
-        step._fakegpu_checked = True
-        cls.step = step
+    _wrap_schedule_steps("_fakegpu_checked", wrap)
