@@ -21,6 +21,7 @@ from fakegpu.fake_cuda import allocator as A
 from fakegpu.fake_cuda import device_count_from
 
 from helpers.shim import REPO_ROOT
+from helpers.titan import HAS_TORCHTITAN
 
 MiB = 1 << 20
 PROBES = Path(__file__).parent / "fake_cuda"
@@ -475,17 +476,6 @@ def test_flex_attention_cuda_graphs_and_newer_distributed_apis_under_fake_cuda()
     # torch.distributed.set_timeout and step(arg_mbs=...) as the newer torch defines them:
     # microbatches given pre-split train exactly as the whole batch split by step().
     assert got["set_timeout_ok"] and got["step_arg_mbs_equal"] and len(got["step_losses"]) == 2
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
-# torchtitan.train, not torchtitan: a folder of that name on sys.path would be a namespace package.
-HAS_TORCHTITAN = all(_installed(m) for m in ("tensorboard", "tokenizers", "datasets", "torchtitan.train"))
 
 
 @pytest.mark.slow

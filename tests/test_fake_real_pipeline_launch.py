@@ -11,7 +11,6 @@ around a program that does not know fakegpu.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers.shim import REPO_ROOT
+from helpers.titan import HAS_TORCHTITAN
 from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun
 
 pytestmark = TORCH_UNDER_FGPU
@@ -110,16 +110,6 @@ def test_a_pipeline_group_with_ranks_no_process_plays_is_refused_with_the_fix(tm
     assert sorted(results) == [0, 1] and results[1]["stage"] == 1
     assert len(results[1]["losses"]) == 2 and all(math.isfinite(v) and v > 0 for v in results[1]["losses"])
 
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
-# torchtitan.train, not torchtitan: a folder of that name on sys.path would be a namespace package.
-HAS_TORCHTITAN = all(_installed(m) for m in ("tensorboard", "tokenizers", "datasets", "torchtitan.train"))
 
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*(-?[0-9.]+)\s+grad_norm:\s*([0-9.]+)")
 
