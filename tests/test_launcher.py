@@ -406,7 +406,9 @@ def test_signals_are_forwarded_and_coordinator_stopped(tmp_path, shim_library, s
             open("got-signal", "w").write(str(signum))
             sys.exit(3)
         signal.signal({int(signum)}, bye)
-        open("ready", "w").write(os.environ["FAKEGPU_COORDINATOR_ADDR"])
+        # Written whole and then renamed: the test polls for the name and must never read it half-written.
+        open("ready.part", "w").write(os.environ["FAKEGPU_COORDINATOR_ADDR"])
+        os.replace("ready.part", "ready")
         time.sleep(120)
     """))
     env = dict(os.environ)
@@ -421,6 +423,7 @@ def test_signals_are_forwarded_and_coordinator_stopped(tmp_path, shim_library, s
             assert time.monotonic() < deadline, "the command never started"
             time.sleep(0.05)
         socket_path = Path((tmp_path / "ready").read_text())
+        assert socket_path.is_absolute(), f"FAKEGPU_COORDINATOR_ADDR is not a socket path: {socket_path}"
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=90)
     finally:
