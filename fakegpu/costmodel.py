@@ -52,8 +52,9 @@ NVLS_TREE_EFFICIENCY = 0.555
 # small messages prefer ring/tree as they do on real H100 systems.
 NVLS_BASE_LATENCY_S = 25e-6
 # What nccl-tests measures and NCCL's tuner leaves out: launching the kernel and the host's
-# enqueue per call (fitted: 8x A100 8 B allreduce 20 us published, 2x8 H100 ~25 us).
-LAUNCH_OVERHEAD_S = 4e-6
+# enqueue per call (fitted to the smallest published allreduces: 8x H100 / 8x H200 on one node
+# 26 / 30 us, 4x8 H100 35 us, 2x8 H100 25 us, 8x A100 20 us; docs/cost-model.md).
+LAUNCH_OVERHEAD_S = 10e-6
 # NVLS-tree beyond two nodes: fraction of the rails' rate it reaches (NCCL halves it; the
 # issue-12 figures for 4 and 8 nodes of 8x H100, 366 and 321 GB/s busbw, give ~0.75).
 NVLS_TREE_INTER_SCALE = 0.75
@@ -213,6 +214,18 @@ TREE_CORRECTION = {
     "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0),
     "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
 }
+# Channels: NCCL runs a ring or tree collective on as many channels (one thread block each) as
+# the message feeds: it drops channels while nBytes < channels x threads x threshold
+# (src/enqueue.cc, "Ring/Tree channel tuning"; thresholds from src/graph/tuning.cc, the ring's
+# multiplied by the rank count). It chooses the algorithm on its full channel count and then
+# runs on the reduced one, each channel carrying its share of the bandwidth.
+MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+# A communicator's channel count, from the GPUs' node-local port rate: NCCL's topology search
+# finds about one channel per 12.5 GB/s of NVLink (32 on H100/H200 NVSwitch, 24 on A100), at
+# least 2 (PCIe boxes), at most 32 (MAXCHANNELS of the NCCL versions the table was measured with).
+CHANNEL_GBS = 12.5
+MIN_CHANNELS, MAX_CHANNELS = 2, 32
 # Multi-node ring AllReduce with Simple reaches a latency plateau once the message is large
 # enough (NCCL multiplies its latency by 1.9 from nranks/16 x 64 KiB up).
 RING_PLATEAU = 1.9
@@ -321,6 +334,7 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         return Estimate(kind, "local", 0.0, 0.0, 0.0, size, n)
 
     nnodes = len({topology.node_of(r) for r in members})
+    full_channels = channel_count(topology, members)
     ll128_ok = _ll128_capable(members, topology)
     best: Optional[tuple[float, float, float, _Plan, str]] = None
     candidates: dict[str, float] = {}
@@ -337,6 +351,9 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         for proto in protos:
             bw_time = _protocol_bandwidth_time(plan, proto, simple_bw_time, kind, size, n, nnodes)
             believed = _protocol_bandwidth_time(plan, proto, believed_bw_time, kind, size, n, nnodes)
+            if plan.algorithm in ("ring", "tree"):
+                used = channels_used(plan.algorithm, proto, size, n, full_channels)
+                bw_time *= full_channels / used
             latency = plan.latency_s(proto)
             if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
                     and count * elem_size >= n / 16.0 * 65536):
@@ -359,6 +376,19 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
     return Estimate(kind, plan.algorithm, total, latency, bw_time, size, n,
                     transfers, dict(node_bytes), candidates, proto)
+
+
+def channel_count(topo: "Topology", members: Sequence[int]) -> int:
+    """The communicator's channel count: from the slowest member's node-local port rate."""
+    port_gbs = min(topo.gpu_port_bytes_per_s(r) for r in members) / 1e9
+    return max(MIN_CHANNELS, min(MAX_CHANNELS, round(port_gbs / CHANNEL_GBS)))
+
+
+def channels_used(algorithm: str, proto: str, nbytes: int, n: int, channels: int) -> int:
+    """How many of ``channels`` NCCL runs a ring/tree operation of ``nbytes`` on."""
+    threshold = THREAD_THRESHOLD[proto] * (n if algorithm == "ring" else 1)
+    per_channel = MAX_THREADS[proto] * threshold
+    return max(1, min(channels, int(nbytes // per_channel) if nbytes >= per_channel else 1))
 
 
 def _ll128_capable(members: list[int], topo: "Topology") -> bool:

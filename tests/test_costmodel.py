@@ -79,8 +79,10 @@ def test_hierarchical_allreduce_on_two_nodes_matches_formula():
                            (0, 2): MiB // 2, (2, 0): MiB // 2, (1, 3): MiB // 2, (3, 1): MiB // 2}
     assert e.node_bytes == {(0, 0): 2 * MiB, (1, 1): 2 * MiB, (0, 1): MiB, (1, 0): MiB}
     # ring: 2(n-1) = 6 steps, 2N = 4 of them between nodes, NCCL's 1.9x multi-node plateau,
-    # and the same bytes over the NIC
-    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC
+    # and the same bytes over the NIC, on 8 of the communicator's 24 channels (1 MiB / (512
+    # threads x 64 B x 4 ranks))
+    assert costmodel.channel_count(topo, [0, 1, 2, 3]) == 24
+    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC * 24 / 8
     assert e.candidates["ring/simple"] == pytest.approx(ring)
     assert set(e.candidates) == {"ring/simple", "tree/simple", "hierarchical/simple"}
     # mixed A100/H100: no LL128 by default; LL is there. Hierarchical is not NCCL's and only
@@ -194,7 +196,8 @@ def test_allgather_reducescatter_ring():
         e = estimate(kind, 1000, 4, list(range(8)), -1, -1, topo, protocols=["simple"])
         assert e.algorithm == "ring"
         assert set(e.transfers.values()) == {7 * 4000}     # (n-1)/n of the n*count*size total
-        assert e.seconds == pytest.approx(L0 + RING_BASE + 7 * 3e-6 + 7 * 4000 / (300e9 * 0.82))
+        # 32 kB on 8 ranks feeds one Simple channel of 24 (256 KiB each)
+        assert e.seconds == pytest.approx(L0 + RING_BASE + 7 * 3e-6 + 24 * 7 * 4000 / (300e9 * 0.82))
 
 
 def test_broadcast_and_reduce():
@@ -225,8 +228,9 @@ def test_split_communicator_is_attributed_to_its_members_only():
     e = estimate("AllReduce", MiB // 4, 4, [1, 2], -1, -1, topo, protocols=["simple"])
     assert set(e.transfers) == {(1, 2), (2, 1)}
     assert e.node_bytes == {(0, 1): MiB, (1, 0): MiB}
-    # two steps, both between nodes, with the multi-node ring plateau
-    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC)
+    # two steps, both between nodes, with the multi-node ring plateau; 1 MiB on 2 ranks feeds
+    # 16 of 24 Simple channels (64 KiB each)
+    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC * 24 / 16)
 
 
 def test_profile_changes_the_model():
@@ -278,7 +282,9 @@ def test_calibration_8x_a100():
     big = estimate("AllReduce", 1 << 30, 4, list(range(8)), -1, -1, topo)
     assert big.busbw_gbs == pytest.approx(232.8, rel=0.07)
     small = estimate("AllReduce", 2, 4, list(range(8)), -1, -1, topo)
-    assert small.seconds == pytest.approx(20e-6, rel=0.2)
+    # published 20 us; the launch overhead is fitted to five small-message figures at once
+    # (docs/cost-model.md), which leaves this one at +20 %
+    assert small.seconds == pytest.approx(20e-6, rel=0.25)
 
 
 def test_modeled_table_command(capsys):
@@ -519,3 +525,40 @@ def test_a_gpu_drives_its_share_of_the_nodes_nics():
     two = estimate("SendRecv", S, 1, list(range(16)), 0, 8, two_nodes(16))
     assert one.algbw_gbs == pytest.approx(12.5 * 0.90, rel=0.01)
     assert two.algbw_gbs == pytest.approx(2 * 12.5 * 0.90, rel=0.01)
+
+
+@pytest.mark.parametrize("algorithm,proto,nbytes,n,expected", [
+    # ring: per channel threads x threshold x ranks = 512 x 8 x 8 = 32 KiB (LL), 640 x 8 x 8 = 40 KiB
+    # (LL128), 512 x 64 x 8 = 256 KiB (Simple); NCCL drops one channel while nBytes is below that
+    ("ring", "ll", 1024, 8, 1),
+    ("ring", "ll", 65536, 8, 2),
+    ("ring", "ll", 65536 * 100, 8, 32),
+    ("ring", "ll128", 40960 * 7, 8, 7),
+    ("ring", "simple", 4 << 20, 8, 16),
+    ("ring", "simple", 3 << 20, 4, 24),
+    # tree thresholds do not scale with the rank count: 512 x 64 = 32 KiB per Simple channel
+    ("tree", "simple", 1 << 20, 16, 32),
+    ("tree", "simple", 96 << 10, 16, 3),
+])
+def test_channels_used_follows_nccls_rule(algorithm, proto, nbytes, n, expected):
+    assert costmodel.channels_used(algorithm, proto, nbytes, n, 32) == expected
+
+
+def test_channel_count_from_topology():
+    h100 = load_cluster_config(CONFIGS / "h100-1node-8gpu-nvlink.yaml")
+    a100 = load_cluster_config(CONFIGS / "a100-1node-8gpu-nvlink.yaml")
+    pcie = load_cluster_config(CONFIGS / "rtx5090-1node-8gpu-pcie5.yaml")
+    assert costmodel.channel_count(h100, list(range(8))) == 32    # 450 GB/s NVLink4
+    assert costmodel.channel_count(a100, list(range(8))) == 24    # 300 GB/s NVLink3
+    assert costmodel.channel_count(pcie, list(range(8))) in range(2, 8)
+
+
+def test_small_ring_allreduce_is_paid_on_few_channels():
+    """A 64 KiB ring/LL allreduce on 8 H100s runs on 2 of 32 channels: its bandwidth term is 16x
+    the full-channel one, while the choice is still made at full channels (ring/LL wins)."""
+    topo = load_cluster_config(CONFIGS / "h100-1node-8gpu-nvlink.yaml")
+    ranks = list(range(8))
+    small = estimate("AllReduce", 65536 // 4, 4, ranks, 0, -1, topo, algorithms=["ring"], protocols=["ll"])
+    large = estimate("AllReduce", (65536 * 64) // 4, 4, ranks, 0, -1, topo, algorithms=["ring"], protocols=["ll"])
+    # 64x the bytes on 16x the channels (32 of 32 vs 2 of 32): 4x the bandwidth time
+    assert large.bandwidth_s / small.bandwidth_s == pytest.approx(4.0, rel=0.02)

@@ -47,6 +47,8 @@ _EXTRA = {
     "h100-32node-8gpu-roce-8x400g": _cluster("h100-32x8-roce", 32, 8, "h100", NVLINK4, 8, ROCE400),
     # NVIDIA/nccl-tests issue 283: 248 nodes x 8 H200, eight 400G HCAs each
     "h200-248node-8gpu-ib-8x400g": _cluster("h200-248x8-ndr", 248, 8, "h200", NVLINK4, 8, NDR),
+    # Azure/AI-benchmarking-guide, ND H200 v5: one node of 8 H200 SXM
+    "h200-1node-8gpu-nvlink": _cluster("h200-1x8", 1, 8, "h200", NVLINK4, 8, NDR),
     # NVIDIA/nccl issue 1374: one node of 8 H800
     "h800-1node-8gpu-nvlink": _cluster("h800-1x8", 1, 8, "h800", NVLINK4_H800, 1, NDR),
     # NVIDIA/nccl-tests issue 153: 2 nodes x 8 H800, eight 100G CX-6 each
