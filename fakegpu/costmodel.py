@@ -271,6 +271,17 @@ def _parse_nccl_list(text: str, kind: str, names: dict[str, tuple[str, ...]]) ->
     return every - listed if exclude else listed
 
 
+def gpudirect_from_env(topology: "Topology", environ=None) -> bool:
+    """Whether network transfers use GPUDirect RDMA: the fabric has it and NCCL_NET_GDR_LEVEL does
+    not forbid it (LOC or 0: never; any other level allows the NIC on the GPU's PCIe switch,
+    which is where the model places it)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    level = str(env.get("NCCL_NET_GDR_LEVEL", "")).strip().upper()
+    return topology.inter_node.gpudirect_rdma and level not in ("LOC", "0")
+
+
 def tuning_from_env(kind: str, environ=None) -> tuple[Optional[set[str]], Optional[set[str]]]:
     """The algorithms and protocols NCCL_ALGO and NCCL_PROTO allow for ``kind`` (None: unset)."""
     import os
@@ -297,7 +308,8 @@ def estimate_seconds(kind: str, count: int, elem_size: int, global_ranks: Sequen
 def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
              root: int, peer: int, topology: "Topology",
              algorithms: Optional[Collection[str]] = None,
-             protocols: Optional[Collection[str]] = None) -> Estimate:
+             protocols: Optional[Collection[str]] = None,
+             gpudirect: Optional[bool] = None) -> Estimate:
     """Fastest algorithm's time and its per-transfer bytes for one operation.
 
     ``root`` and ``peer`` are ranks in the communicator (index into ``global_ranks``):
@@ -305,6 +317,8 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
     ``algorithms`` and ``protocols`` restrict the choice (names in ALGORITHMS, PROTOCOLS); left
     out, NCCL_ALGO and NCCL_PROTO in the environment do, as in NCCL. When nothing allowed applies
     to this operation the full choice is used, as NCCL falls back when a setting excludes all.
+    ``gpudirect`` says whether network transfers use GPUDirect RDMA; left out, the fabric's
+    ``gpudirect_rdma`` unless NCCL_NET_GDR_LEVEL turns it off (gpudirect_from_env).
     """
     kind = normalize_kind(kind)
     members = [int(r) for r in global_ranks]
@@ -338,13 +352,14 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
     ll128_ok = _ll128_capable(members, topology)
     best: Optional[tuple[float, float, float, _Plan, str]] = None
     candidates: dict[str, float] = {}
+    gdr = gpudirect_from_env(topology) if gpudirect is None else bool(gpudirect)
     for plan in plans:
-        simple_bw_time = _bandwidth_time(plan, topology)
+        simple_bw_time = _bandwidth_time(plan, topology, gdr)
         # NCCL picks on its own estimate, which gives NVLS-tree the full rail rate at any node
         # count; what the run then reaches beyond two nodes is inter_scale of it. So the choice
         # is made on the full-rate time and the modeled time is the reached one.
         believed_bw_time = (simple_bw_time if plan.inter_scale == 1.0
-                            else _bandwidth_time(dataclasses.replace(plan, inter_scale=1.0), topology))
+                            else _bandwidth_time(dataclasses.replace(plan, inter_scale=1.0), topology, gdr))
         protos = [p for p in plan.protocols if p != "ll128" or ll128_ok or (wanted_protos and "ll128" in wanted_protos)]
         if wanted_protos is not None:
             protos = [p for p in protos if p in wanted_protos] or protos
@@ -427,7 +442,7 @@ def _eff(fabric_type: str) -> float:
     return EFFICIENCY.get(fabric_type, 0.85)
 
 
-def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
+def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> float:
     intra_eff = plan.intra_eff if plan.intra_eff is not None else _eff(topo.intra_node.type)
     if plan.algorithm in ("direct", "pairwise") and plan.intra_eff is None:
         # point-to-point (send/recv, all-to-all, gather/scatter) has its own efficiency
@@ -464,6 +479,14 @@ def _bandwidth_time(plan: _Plan, topo: "Topology") -> float:
             rb, rate_b = _rail(topo, b, nb)
             ends = ((("nic_out", na, ra), rate_a * inter_eff * plan.inter_scale),
                     (("nic_in", nb, rb), rate_b * inter_eff * plan.inter_scale))
+        if na != nb and not gpudirect:
+            # Without GPUDirect RDMA the bytes are staged in host memory: the GPU writes them
+            # there and the NIC reads them (the receiver the other way round), so each crosses
+            # the GPU's PCIe link to the host twice, once in each direction. A GPU sending and
+            # receiving at once carries its network traffic twice per direction ("~halves",
+            # the NCCL maintainers say of a GPU and NIC on one PCIe switch, NVIDIA/nccl 638).
+            ends += tuple((("host_staging", r), topo.gpu_of(r).pcie_gbs * 1e9 * _eff("pcie"))
+                          for r in (a, b))
         if na != nb:
             # slow_link faults (docs/faults.md): the pair's bytes count factor times.
             nbytes *= topo.link_factor(na, nb)

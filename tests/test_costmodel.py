@@ -562,3 +562,49 @@ def test_small_ring_allreduce_is_paid_on_few_channels():
     large = estimate("AllReduce", (65536 * 64) // 4, 4, ranks, 0, -1, topo, algorithms=["ring"], protocols=["ll"])
     # 64x the bytes on 16x the channels (32 of 32 vs 2 of 32): 4x the bandwidth time
     assert large.bandwidth_s / small.bandwidth_s == pytest.approx(4.0, rel=0.02)
+
+
+def _without_gdr(name: str):
+    text = (CONFIGS / name).read_text()
+    assert "inter_node:" in text
+    return parse_cluster_config(text.replace("inter_node:", "inter_node:\n    gpudirect_rdma: false", 1), name)
+
+
+def test_gpudirect_rdma_off_stages_network_bytes_through_host_memory(monkeypatch):
+    """Without GPUDirect RDMA every network byte crosses the GPU's PCIe link to the host once
+    each way (GPU -> host memory -> NIC), so a GPU that sends and receives at once carries its
+    network traffic twice per direction: one H100 per node (PCIe Gen5 64 GB/s) running a 1 GiB
+    ring allreduce is bound by 2 x bytes over 0.80 x 64 GB/s instead of its node's NICs."""
+    monkeypatch.delenv("NCCL_NET_GDR_LEVEL", raising=False)
+    text = (CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml").read_text()
+    with_gdr = load_cluster_config(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml")
+    without = _without_gdr("h100-2node-8gpu-ib-8x400g.yaml")
+    assert with_gdr.inter_node.gpudirect_rdma and not without.inter_node.gpudirect_rdma
+    ranks = [0, 8]   # one GPU per node, each on its own rail
+    S = 1 << 30
+    on = estimate("AllReduce", S // 4, 4, ranks, 0, -1, with_gdr, algorithms=["ring"], protocols=["simple"])
+    off = estimate("AllReduce", S // 4, 4, ranks, 0, -1, without, algorithms=["ring"], protocols=["simple"])
+    per_edge = 2 * (2 - 1) / 2 * S
+    # with GDR: ring channels spread over the node's eight NICs (docs/cost-model.md)
+    assert on.bandwidth_s == pytest.approx(per_edge / (8 * 400e9 / 8 * 0.92), rel=1e-9)
+    assert off.bandwidth_s == pytest.approx(2 * per_edge / (64e9 * 0.80), rel=1e-9)
+    assert off.transfers == on.transfers          # the same bytes move; only the path differs
+    # NCCL_NET_GDR_LEVEL=LOC turns it off on a fabric that has it, as in NCCL
+    monkeypatch.setenv("NCCL_NET_GDR_LEVEL", "LOC")
+    forced = estimate("AllReduce", S // 4, 4, ranks, 0, -1, with_gdr, algorithms=["ring"], protocols=["simple"])
+    assert forced.bandwidth_s == pytest.approx(off.bandwidth_s)
+    monkeypatch.setenv("NCCL_NET_GDR_LEVEL", "PHB")
+    assert estimate("AllReduce", S // 4, 4, ranks, 0, -1, with_gdr, algorithms=["ring"],
+                    protocols=["simple"]).bandwidth_s == pytest.approx(on.bandwidth_s)
+    # node-local traffic never touches the NIC: unchanged
+    local = estimate("AllReduce", S // 4, 4, list(range(8)), 0, -1, without)
+    assert local.seconds == estimate("AllReduce", S // 4, 4, list(range(8)), 0, -1, with_gdr).seconds
+    assert "gpudirect_rdma: false" not in text
+
+
+def test_gpudirect_rdma_must_be_a_boolean():
+    text = (CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml").read_text().replace(
+        "inter_node:", "inter_node:\n    gpudirect_rdma: maybe", 1)
+    with pytest.raises(Exception) as info:
+        parse_cluster_config(text, "bad.yaml")
+    assert "gpudirect_rdma" in str(info.value)

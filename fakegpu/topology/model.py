@@ -27,6 +27,9 @@ class Fabric:
     # Fraction of line rate NCCL reaches over this fabric; None: the type's default
     # (costmodel.EFFICIENCY). Proxy transports reach much less than RDMA NICs.
     efficiency: Optional[float] = None
+    # GPUDirect RDMA: the NIC reads and writes GPU memory directly. Without it (no nv_peermem,
+    # a virtualised NIC, NCCL_NET_GDR_LEVEL=LOC) NCCL stages network data in host memory.
+    gpudirect_rdma: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -36,6 +39,7 @@ class Fabric:
             "oversubscription": self.oversubscription,
             "per_message_us": self.per_message_us,
             "efficiency": self.efficiency,
+            "gpudirect_rdma": self.gpudirect_rdma,
         }
 
 

@@ -16,6 +16,7 @@ _FABRIC = {
         "oversubscription": {"type": "number", "minimum": 1},
         "per_message_us": {"type": "number", "minimum": 0},
         "efficiency": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "gpudirect_rdma": {"type": "boolean"},
     },
 }
 
