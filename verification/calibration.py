@@ -43,6 +43,8 @@ _EXTRA = {
     "a100-2node-8gpu-ib-4x200g": _cluster("a100-2x8-hdr4", 2, 8, "a100-80gb", NVLINK3, 4, HDR),
     # NVIDIA/nccl issue 1530: 8x RTX 4090 on PCIe 4
     "rtx4090-1node-8gpu-pcie": _cluster("rtx4090-1x8", 1, 8, "rtx4090", PCIE4, 1, NDR),
+    # tinygrad/open-gpu-kernel-modules README: a tinybox's 6x RTX 4090 on PCIe 4 with the P2P driver
+    "rtx4090-1node-6gpu-pcie": _cluster("rtx4090-1x6", 1, 6, "rtx4090", PCIE4, 1, NDR),
     # NVIDIA/nccl issue 1218: 32 nodes x 8 H100, eight 400G RoCE NICs each
     "h100-32node-8gpu-roce-8x400g": _cluster("h100-32x8-roce", 32, 8, "h100", NVLINK4, 8, ROCE400),
     # NVIDIA/nccl-tests issue 283: 248 nodes x 8 H200, eight 400G HCAs each
