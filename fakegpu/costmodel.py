@@ -65,7 +65,7 @@ _KIND_BY_KEY.update({"send": "SendRecv", "recv": "SendRecv", "p2p": "SendRecv", 
 
 
 # Every algorithm name an Estimate can carry (besides "local" for free operations).
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "pat", "pairwise", "direct")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "collnet_direct", "pat", "pairwise", "direct")
 # Algorithms that are not NCCL's and are only considered when asked for by name: "hierarchical"
 # (reduce-scatter in the node, allreduce per rail, allgather in the node) moves half a ring's
 # bytes between nodes, which NCCL's ring and tree do not achieve without NVLS; letting it compete
@@ -241,7 +241,8 @@ def _check_protocol(name: str) -> str:
 # NCCL_ALGO names -> the model's algorithms (CollNet is not modeled; "hierarchical" may
 # be named too, it is the model's own).
 _NCCL_ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "hierarchical": ("hierarchical",), "nvls": ("nvls",),
-                    "nvlstree": ("nvls_tree",), "collnetdirect": (), "collnetchain": (), "pat": ("pat",)}
+                    "nvlstree": ("nvls_tree",), "collnetdirect": ("collnet_direct",), "collnet": ("collnet_direct",),
+                    "collnetchain": (), "pat": ("pat",)}
 
 
 def _parse_nccl_list(text: str, kind: str, names: dict[str, tuple[str, ...]]) -> Optional[set[str]]:
@@ -597,6 +598,9 @@ def _plans(kind: str, nbytes_per_rank: int, members: list[int], root: int, peer:
         if hier is not None:
             plans.append(hier)
         plans.extend(_nvls(order, c, topo))
+        collnet = _collnet_direct(order, c, topo)
+        if collnet is not None:
+            plans.append(collnet)
     elif kind in ("AllGather", "ReduceScatter"):
         per_edge = (n - 1) * c   # (n-1)/n of the total n*c
         inter = nnodes - 1
@@ -705,6 +709,40 @@ def _hierarchical(order: list[int], c: float, topo: "Topology") -> Optional[_Pla
             _add(edges, a, b, 2.0 * (nn - 1) / nn * c / g)
     return _Plan("hierarchical", edges, _steps(topo, order, "hierarchical", 2 * (g - 1), 2 * (nn - 1)),
                  spread=False, protocols=PROTOCOLS, inter_steps=2 * (nn - 1))
+
+
+def _collnet_direct(order: list[int], c: float, topo: "Topology") -> Optional[_Plan]:
+    """CollNet Direct (NCCL with a SHARP-capable network, ``inter_node.collnet``): the GPUs of a
+    node reduce-scatter among themselves, each sends its 1/g shard once to the network switch,
+    which reduces it across all nodes and sends the sum back, and the node allgathers. Unlike
+    a ring, the bytes on each NIC do not grow with the node count.
+
+    Bytes: every GPU sends each local peer c/g for the reduce-scatter and c/g for the allgather,
+    and its shard c/g up to the switch and back (attributed to the rail ring over the nodes,
+    the switch being no rank). Latency: NCCL's Simple base, two node-local and two network
+    steps (up to the switch and down), whatever the node count. Simple only.
+    """
+    if not topo.inter_node.collnet:
+        return None
+    groups = _uniform_nodes(order, topo)
+    if groups is None:
+        return None
+    g = len(groups[0])
+    edges: dict[tuple[int, int], float] = {}
+    for members in groups:
+        for a in members:
+            for b in members:
+                if a != b:
+                    _add(edges, a, b, 2.0 * c / g)
+    for j in range(g):
+        rail = [members[j] for members in groups]
+        for a, b in _ring_edges(rail):
+            _add(edges, a, b, c / g)
+    a_intra = topo.intra_node.latency_us * 1e-6
+    a_inter = topo.inter_node.latency_us * 1e-6
+    steps = 2 * a_intra if g > 1 else 0.0
+    return _Plan("collnet_direct", edges, _fixed(BASE_LATENCY_US["ring"]["simple"] * 1e-6 + steps + 2 * a_inter),
+                 spread=False, inter_steps=2)
 
 
 def _nvls_capable(order: list[int], topo: "Topology") -> bool:

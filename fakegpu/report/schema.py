@@ -30,6 +30,7 @@ _FABRIC = _obj({
     "per_message_us": _NUM,
     "efficiency": {"type": ["number", "null"]},
     "gpudirect_rdma": {"type": "boolean"},
+    "collnet": {"type": "boolean"},
 })
 
 _TOPOLOGY = _obj({

@@ -404,6 +404,7 @@ def _fabric(spec: dict) -> Fabric:
         per_message_us=float(spec.get("per_message_us", 0.0)),
         efficiency=float(spec["efficiency"]) if "efficiency" in spec else None,
         gpudirect_rdma=bool(spec.get("gpudirect_rdma", True)),
+        collnet=bool(spec.get("collnet", False)),
     )
 
 

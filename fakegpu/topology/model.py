@@ -30,6 +30,9 @@ class Fabric:
     # GPUDirect RDMA: the NIC reads and writes GPU memory directly. Without it (no nv_peermem,
     # a virtualised NIC, NCCL_NET_GDR_LEVEL=LOC) NCCL stages network data in host memory.
     gpudirect_rdma: bool = True
+    # The network switches reduce (InfiniBand SHARP with NCCL's CollNet plugin): AllReduce can
+    # use CollNet, whose per-NIC bytes do not grow with the node count.
+    collnet: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +43,7 @@ class Fabric:
             "per_message_us": self.per_message_us,
             "efficiency": self.efficiency,
             "gpudirect_rdma": self.gpudirect_rdma,
+            "collnet": self.collnet,
         }
 
 

@@ -17,6 +17,7 @@ _FABRIC = {
         "per_message_us": {"type": "number", "minimum": 0},
         "efficiency": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "gpudirect_rdma": {"type": "boolean"},
+        "collnet": {"type": "boolean"},
     },
 }
 
