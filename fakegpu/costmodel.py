@@ -451,6 +451,11 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
     inter_eff = topo.inter_node.efficiency or _eff(topo.inter_node.type)
     load: dict[tuple, float] = defaultdict(float)
     capacity: dict[tuple, float] = {}
+    # GPUs of the communicator per node: channels spread a node's network traffic over them
+    gpus_on: dict[int, set[int]] = defaultdict(set)
+    for a, b in plan.edges:
+        gpus_on[topo.node_of(a)].add(a)
+        gpus_on[topo.node_of(b)].add(b)
     for (a, b), nbytes in plan.edges.items():
         if nbytes <= 0 or a == b:
             continue
@@ -480,6 +485,17 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
             rb, rate_b = _rail(topo, b, nb)
             ends = ((("nic_out", na, ra), rate_a * inter_eff * plan.inter_scale),
                     (("nic_in", nb, rb), rate_b * inter_eff * plan.inter_scale))
+        if na != nb and gpudirect:
+            # With GPUDirect RDMA the NIC reads and writes GPU memory across the GPU's own PCIe
+            # link, whichever NIC it is: however many NICs a node has, a GPU moves no more than
+            # its PCIe rate over the network (one H100 with four 400G NICs reaches ~one NIC's
+            # worth, NVIDIA/nccl-tests issue 232). Spread channels share the node's GPUs' links.
+            pcie = lambda r: topo.gpu_of(r).pcie_gbs * 1e9 * _eff("pcie")  # noqa: E731
+            if plan.spread:
+                ends += ((("net_pcie_out", na), sum(pcie(r) for r in gpus_on[na])),
+                         (("net_pcie_in", nb), sum(pcie(r) for r in gpus_on[nb])))
+            else:
+                ends += ((("gpu_pcie_out", a), pcie(a)), (("gpu_pcie_in", b), pcie(b)))
         if na != nb and not gpudirect:
             # Without GPUDirect RDMA the bytes are staged in host memory: the GPU writes them
             # there and the NIC reads them (the receiver the other way round), so each crosses

@@ -574,7 +574,7 @@ def test_gpudirect_rdma_off_stages_network_bytes_through_host_memory(monkeypatch
     """Without GPUDirect RDMA every network byte crosses the GPU's PCIe link to the host once
     each way (GPU -> host memory -> NIC), so a GPU that sends and receives at once carries its
     network traffic twice per direction: one H100 per node (PCIe Gen5 64 GB/s) running a 1 GiB
-    ring allreduce is bound by 2 x bytes over 0.80 x 64 GB/s instead of its node's NICs."""
+    ring allreduce is bound by 2 x bytes over 0.80 x 64 GB/s instead of 1 x bytes."""
     monkeypatch.delenv("NCCL_NET_GDR_LEVEL", raising=False)
     text = (CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml").read_text()
     with_gdr = load_cluster_config(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml")
@@ -585,8 +585,9 @@ def test_gpudirect_rdma_off_stages_network_bytes_through_host_memory(monkeypatch
     on = estimate("AllReduce", S // 4, 4, ranks, 0, -1, with_gdr, algorithms=["ring"], protocols=["simple"])
     off = estimate("AllReduce", S // 4, 4, ranks, 0, -1, without, algorithms=["ring"], protocols=["simple"])
     per_edge = 2 * (2 - 1) / 2 * S
-    # with GDR: ring channels spread over the node's eight NICs (docs/cost-model.md)
-    assert on.bandwidth_s == pytest.approx(per_edge / (8 * 400e9 / 8 * 0.92), rel=1e-9)
+    # with GDR: the node's eight NICs (8 x 0.92 x 50 GB/s) wait on the one GPU's PCIe link, which
+    # carries its network bytes once per direction (docs/cost-model.md)
+    assert on.bandwidth_s == pytest.approx(per_edge / (64e9 * 0.80), rel=1e-9)
     assert off.bandwidth_s == pytest.approx(2 * per_edge / (64e9 * 0.80), rel=1e-9)
     assert off.transfers == on.transfers          # the same bytes move; only the path differs
     # NCCL_NET_GDR_LEVEL=LOC turns it off on a fabric that has it, as in NCCL
@@ -608,3 +609,22 @@ def test_gpudirect_rdma_must_be_a_boolean():
     with pytest.raises(Exception) as info:
         parse_cluster_config(text, "bad.yaml")
     assert "gpudirect_rdma" in str(info.value)
+
+
+def test_a_gpus_pcie_link_bounds_its_network_traffic():
+    """One H100 per node with four 400G NICs (NVIDIA/nccl-tests issue 232 measured ~41 GB/s
+    busbw, about one NIC): under GPUDirect RDMA every network byte crosses the GPU's own PCIe
+    link (0.80 x 64 GB/s), so the four NICs' 184 GB/s are out of reach; eight GPUs with one NIC
+    each stay NIC-bound (0.92 x 50 < 0.80 x 64 GB/s)."""
+    one_gpu = parse_cluster_config(
+        "version: 1\nnodes:\n"
+        "  - {id: a, ranks: [0], nics: 4, gpus: [{profile: h100}]}\n"
+        "  - {id: b, ranks: [1], nics: 4, gpus: [{profile: h100}]}\n"
+        "fabric:\n  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}\n"
+        "  inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}\n", "2x1.yaml")
+    S = 1 << 30
+    e = estimate("AllReduce", S // 4, 4, [0, 1], 0, -1, one_gpu, algorithms=["ring"], protocols=["simple"])
+    assert e.bandwidth_s == pytest.approx(S / (64e9 * 0.80), rel=1e-9)
+    eight = load_cluster_config(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml")
+    rail = estimate("SendRecv", S // 4, 4, [0, 8], 0, 1, eight)
+    assert rail.bandwidth_s == pytest.approx(S / (400e9 / 8 * 0.92), rel=1e-9)
