@@ -20,7 +20,8 @@ torch: ProcessGroupGloo.cpp ``AsyncAllreduceWork``, ``AsyncAllreduceCoalescedWor
 The rule (both rings): the buffer is cut into ``world`` chunks, chunk ``c`` being elements
 ``[c * C, min((c + 1) * C, count))`` (the last chunks may be short or empty). Chunk ``c`` is
 accumulated around the ring from rank ``c - 1`` downwards: ``acc = x[c-1]``, then
-``acc = x[c-2] + acc``, ..., ``acc = x[c] + acc`` (ranks mod world), every step rounded to
+``acc = x[c-2] + acc``, ..., ``acc = x[c] + acc`` (ranks mod world; in a subgroup these are
+group ranks: new_group's sorted list, or its order with sort_ranks=False), every step rounded to
 the tensor's own type (float16 and bfloat16 add in float32 and round to half after every
 step). Only the chunk length ``C`` differs:
 
@@ -30,9 +31,13 @@ step). Only the chunk length ``C`` differs:
                 S = roundUp(max(ceil(bytes / s), 2 * world), world), C = (S / world) * s / elem
 
 with ``M = 1 MiB`` rounded down to a multiple of the element size (gloo's default
-``maxSegmentSize``). Floating addition and multiplication are commutative, so only the
+``maxSegmentSize``; for reduce measured, its header was not read). Floating addition and multiplication are commutative, so only the
 association above matters, not which operand gloo puts first (except NaN payloads, which
 this model does not try to reproduce).
+
+ReduceOp.AVG (supported by torch 2.13's gloo) is the SUM above, then every rank's tensor is
+divided by the group size (true division in the tensor's type, float32 for half types).
+MAX / MIN follow the same chains; see ``_combine`` for how NaN fares.
 """
 from __future__ import annotations
 
@@ -119,22 +124,35 @@ def _is_bfloat16(dtype: np.dtype) -> bool:
 
 
 def _combine(op: str, acc: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """One gloo reduction step in the element type: float16 / bfloat16 compute in float32
-    and round back (gloo::float16 operator+ / F16C, c10::BFloat16 operator+)."""
+    """One gloo reduction step ``x op acc`` in the element type, ``x`` being the local rank's
+    value and ``acc`` the partial result received from the next rank: float16 / bfloat16
+    compute in float32 and round back (gloo::float16 operator+ / F16C, c10::BFloat16
+    operator+). max / min are std::max(x, acc) / std::min(x, acc), which keep ``x`` when
+    either is NaN (so a NaN survives only where it is the last rank's own value or every
+    later partial is NaN; measured the same for float16, bfloat16, float32, float64)."""
+    if op == "max":
+        return np.where(x < acc, acc, x)
+    if op == "min":
+        return np.where(acc < x, acc, x)
+    if op not in ("sum", "prod"):
+        raise ValueError(f"unknown op {op!r}")
     dtype = acc.dtype
     if dtype == np.float16 or _is_bfloat16(dtype):
         a, b = acc.astype(np.float32), x.astype(np.float32)
-        r = a + b if op == "sum" else a * b
-        return r.astype(dtype)
-    if op == "sum":
-        return acc + x
-    if op == "prod":
-        return acc * x
-    if op == "max":
-        return np.maximum(acc, x)
-    if op == "min":
-        return np.minimum(acc, x)
-    raise ValueError(f"unknown op {op!r}")
+        return (a + b if op == "sum" else a * b).astype(dtype)
+    return acc + x if op == "sum" else acc * x
+
+
+def _average(outs: List[np.ndarray], world: int) -> List[np.ndarray]:
+    """ReduceOp.AVG on gloo (torch 2.13): the SUM's result divided by the group size in every
+    rank's tensor, a true division in the tensor's type (float32 for the half types)."""
+    res = []
+    for o in outs:
+        if o.dtype == np.float16 or _is_bfloat16(o.dtype):
+            res.append((o.astype(np.float32) / np.float32(world)).astype(o.dtype))
+        else:
+            res.append(o / o.dtype.type(world))
+    return res
 
 
 def fold(inputs: Sequence[np.ndarray], op: str, plan: Plan) -> np.ndarray:
@@ -158,8 +176,9 @@ def _flat(inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
 def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum") -> List[np.ndarray]:
     """What dist.all_reduce leaves in each rank's tensor (the same bits on every rank)."""
     xs = _flat(inputs)
-    out = fold(xs, op, plan_allreduce(len(xs), xs[0].size, xs[0].itemsize))
-    return [out.reshape(np.shape(inputs[0])).copy() for _ in xs]
+    out = fold(xs, "sum" if op == "avg" else op, plan_allreduce(len(xs), xs[0].size, xs[0].itemsize))
+    outs = [out.reshape(np.shape(inputs[0])).copy() for _ in xs]
+    return _average(outs, len(xs)) if op == "avg" else outs
 
 
 def reduce_scatter_tensor(inputs: Sequence[np.ndarray], op: str = "sum") -> List[np.ndarray]:
@@ -169,7 +188,7 @@ def reduce_scatter_tensor(inputs: Sequence[np.ndarray], op: str = "sum") -> List
     world = len(xs)
     if xs[0].size % world:
         raise ValueError("the input must hold world * n elements")
-    full = fold(xs, op, plan_allreduce(world, xs[0].size, xs[0].itemsize))
+    full = all_reduce(xs, op)[0]
     n = xs[0].size // world
     shape = (np.shape(inputs[0])[0] // world,) + tuple(np.shape(inputs[0])[1:])
     return [full[r * n:(r + 1) * n].reshape(shape).copy() for r in range(world)]
@@ -193,7 +212,8 @@ def reduce(inputs: Sequence[np.ndarray], op: str = "sum", root: int = 0) -> List
     """What dist.reduce leaves in every rank's tensor: the reduction on ``root``, and gloo's
     left-over partial results on the others (simulated step by step, see simulate_reduce)."""
     xs = _flat(inputs)
-    outs = simulate_reduce(xs, op, root)
+    outs = simulate_reduce(xs, "sum" if op == "avg" else op, root)
+    outs = _average(outs, len(xs)) if op == "avg" else outs
     return [o.reshape(np.shape(inputs[0])) for o in outs]
 
 

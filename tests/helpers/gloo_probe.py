@@ -6,8 +6,12 @@ torch's device-backend autoload off so fakegpu's entry point stays out), each ge
 inputs with ``case_inputs`` and runs every case; the parent reads the results back.
 A case is a dict: coll (all_reduce | all_reduce_coalesced | reduce | reduce_scatter_tensor |
 reduce_scatter), op (sum | prod | max | min), dtype (float32 | float64 | float16 | bfloat16),
-count (elements per rank; for the reduce-scatters the input's), data (wide | near1 | randn),
-seed, root (reduce), sizes (all_reduce_coalesced: the tensors' sizes).
+count (elements per rank; for the reduce-scatters the input's), data (wide | near1 | randn |
+nan), seed, root (reduce), sizes (all_reduce_coalesced and coalescing: the tensors' sizes),
+group (global ranks of a new_group to run in, with sort_ranks; the others return None),
+async (async_op=True, then wait), coalescing (all_reduce of each piece inside
+dist._coalescing_manager). GLOO_ORDER_PROBE_DEVICES / _THREADS set the process group's number
+of gloo devices (contexts) and worker threads.
 """
 from __future__ import annotations
 
@@ -41,7 +45,10 @@ def case_inputs(case: Dict, rank: int) -> np.ndarray:
     n = int(case["count"])
     dt = np_dtype(case["dtype"])
     kind = case.get("data", "wide")
-    if kind == "near1":
+    if kind == "nan":  # a few NaNs among wide values, for max / min
+        x = rng.standard_normal(n, dtype=np.float32)
+        x[rng.random(n) < 0.2] = np.nan
+    elif kind == "near1":
         x = 1.0 + 0.05 * rng.standard_normal(n, dtype=np.float32)
     elif kind == "randn":
         x = rng.standard_normal(n, dtype=np.float32)
@@ -61,13 +68,28 @@ def _worker(outdir: str) -> None:
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    pg_options = None
+    if os.environ.get("GLOO_ORDER_PROBE_DEVICES") or os.environ.get("GLOO_ORDER_PROBE_THREADS"):
+        pg_options = dist.ProcessGroupGloo._Options()
+        ndev = int(os.environ.get("GLOO_ORDER_PROBE_DEVICES", "1"))
+        pg_options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
+                               for _ in range(ndev)]
+        pg_options._threads = int(os.environ.get("GLOO_ORDER_PROBE_THREADS", "2"))
+    dist.init_process_group("gloo", rank=rank, world_size=world, pg_options=pg_options)
     cases = json.loads(Path(outdir, "cases.json").read_text())
     ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-           "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+           "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
     timing = {}
     for case in cases:
-        x = case_inputs(case, rank)
+        group = None
+        if case.get("group"):
+            group = dist.new_group(case["group"], sort_ranks=case.get("sort_ranks", True))
+            if rank not in case["group"]:
+                dist.barrier()
+                continue
+        grank = dist.get_rank(group) if group is not None else rank
+        gworld = dist.get_world_size(group) if group is not None else world
+        x = case_inputs(case, grank)
         tdt = getattr(torch, case["dtype"])
         # ml_dtypes' bfloat16 has no torch twin for from_numpy: go through the raw bits
         t = torch.from_numpy(x.view(np.int16) if x.itemsize == 2 else x).view(tdt).clone()
@@ -76,30 +98,38 @@ def _worker(outdir: str) -> None:
         err = None
         t0 = time.perf_counter()
         try:
-            if coll == "all_reduce":
-                dist.all_reduce(t, op=op)
+            if coll == "all_reduce" and case.get("coalescing"):
+                parts = [p.clone() for p in torch.split(t, case["coalescing"])]
+                with dist._coalescing_manager(group=group):
+                    for p in parts:
+                        dist.all_reduce(p, op=op, group=group)
+                out = torch.cat(parts)
+            elif coll == "all_reduce":
+                work = dist.all_reduce(t, op=op, group=group, async_op=bool(case.get("async")))
+                if case.get("async"):
+                    work.wait()
                 out = t
             elif coll == "all_reduce_coalesced":
                 parts = list(torch.split(t, case["sizes"]))
                 parts = [p.clone() for p in parts]
-                dist.all_reduce_coalesced(parts, op=op)
+                dist.all_reduce_coalesced(parts, op=op, group=group)
                 out = torch.cat(parts)
             elif coll == "reduce":
-                dist.reduce(t, dst=int(case.get("root", 0)), op=op)
+                dist.reduce(t, group_dst=int(case.get("root", 0)), op=op, group=group)
                 out = t
             elif coll == "reduce_scatter_tensor":
-                out = torch.empty(t.numel() // world, dtype=tdt)
-                dist.reduce_scatter_tensor(out, t, op=op)
+                out = torch.empty(t.numel() // gworld, dtype=tdt)
+                dist.reduce_scatter_tensor(out, t, op=op, group=group)
             elif coll == "reduce_scatter":
-                out = torch.empty(t.numel() // world, dtype=tdt)
-                dist.reduce_scatter(out, list(t.chunk(world)), op=op)
+                out = torch.empty(t.numel() // gworld, dtype=tdt)
+                dist.reduce_scatter(out, list(t.chunk(gworld)), op=op, group=group)
             else:
                 raise ValueError(coll)
         except Exception as e:  # recorded: some collectives are not supported by gloo
             err = f"{type(e).__name__}: {e}"
             out = None
         timing[case["id"]] = time.perf_counter() - t0
-        base = Path(outdir, f"{case['id']}.{rank}")
+        base = Path(outdir, f"{case['id']}.{grank}")
         if err is not None:
             base.with_suffix(base.suffix + ".err").write_text(err)
         else:
@@ -120,7 +150,7 @@ def _free_port() -> int:
 def run_gloo(world: int, cases: List[Dict], timeout_s: float = 300.0,
              extra_env: Dict[str, str] = None) -> Dict[str, List]:
     """{case id: [rank 0's result, ...]}: a numpy array in the case's dtype, or the error
-    text where the collective raised. Raises RuntimeError (with the logs) on a crash or hang."""
+    text where the collective raised; for a case in a group, one entry per group rank. Raises RuntimeError (with the logs) on a crash or hang."""
     outdir = Path(tempfile.mkdtemp(prefix="gloo-order-"))
     for i, case in enumerate(cases):
         case.setdefault("id", f"c{i}")
@@ -148,7 +178,7 @@ def run_gloo(world: int, cases: List[Dict], timeout_s: float = 300.0,
         results: Dict[str, List] = {}
         for case in cases:
             per_rank = []
-            for r in range(world):
+            for r in range(len(case["group"]) if case.get("group") else world):
                 base = outdir / f"{case['id']}.{r}"
                 err = Path(str(base) + ".err")
                 if err.exists():
