@@ -6,8 +6,11 @@ gloo/reduce.cc ``reduce``, gloo/math.h / math.cc ``sum<float16>``, gloo/types.h 
 torch: ProcessGroupGloo.cpp ``AsyncAllreduceWork``, ``AsyncAllreduceCoalescedWork``,
 ``AsyncReduceWork``, ``reduce_scatter_tensor_coalesced``):
 
-* ``all_reduce``, ``all_reduce_coalesced`` (the flattened concatenation) and DDP's bucket
-  all-reduce run gloo's ring all-reduce on one buffer (``plan_allreduce``).
+* ``all_reduce``, ``all_reduce_coalesced`` and all_reduces inside ``_coalescing_manager``
+  (both: one all-reduce of the flattened concatenation) and DDP's bucket all-reduce run gloo's
+  ring all-reduce on one buffer (``plan_allreduce``). DDP (measured, one Linear): the bucket is
+  the gradients in parameter order, each multiplied by float32(1 / world) before the
+  all-reduce (the reducer's mul_out), then summed by this plan.
 * ``reduce_scatter_tensor`` (FSDP2's) clones the whole input, all-reduces it (the same ring,
   on ``world * n`` elements) and copies chunk ``rank`` out: element ``j`` of rank ``r``'s
   output is element ``r * n + j`` of that all-reduce.
