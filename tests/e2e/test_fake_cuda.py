@@ -1,7 +1,7 @@
 """Fake CUDA devices (docs/fake-cuda.md): unmodified GPU programs on a CPU-only torch.
 
 - the caching-allocator model against figures worked out by hand from the allocator's rules;
-- the runtime in a fresh interpreter set up as fgpu sets up a rank (tests/fake_cuda/probe_*.py);
+- the runtime in a fresh interpreter set up as fgpu sets up a rank (tests/e2e/fake_cuda/probe_*.py);
 - GPU-style training programs under `fgpu -- torchrun`, compared with their hand ports to
   CPU + gloo (verification/fake_cuda/): bit for bit with two ranks, rtol 1e-5 with four.
 """

@@ -1,6 +1,6 @@
 """GPU-only attention kernels on fake CUDA devices, against the CPU computation.
 
-The probe (tests/fake_cuda/probe_kernels.py) runs in a fresh interpreter set up as fgpu sets
+The probe (tests/e2e/fake_cuda/probe_kernels.py) runs in a fresh interpreter set up as fgpu sets
 up a rank, so the patches never touch this pytest process.
 """
 import json
@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 AUTOLOAD = REPO_ROOT / "fakegpu" / "torch" / "autoload"
-PROBE = REPO_ROOT / "tests" / "fake_cuda" / "probe_kernels.py"
+PROBES = Path(__file__).resolve().parent / "fake_cuda"
+PROBE = PROBES / "probe_kernels.py"
 
 try:
     import torch  # noqa: F401
@@ -91,7 +92,7 @@ def test_without_memory_tracking_an_op_without_cpu_kernel_still_fails_in_one_lin
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
     env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
                FAKEGPU_FAKE_CUDA_MEMORY="0")
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fake_cuda" / "probe_unsupported_op.py")],
+    done = subprocess.run([sys.executable, str(PROBES / "probe_unsupported_op.py")],
                           env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()

@@ -11,14 +11,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from fakegpu.fake import contract
 from fakegpu.fake.entry import prepare_environment
+from helpers.paths import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 AUTOLOAD = ROOT / "fakegpu" / "torch" / "autoload"
 
 

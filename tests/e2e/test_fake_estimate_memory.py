@@ -5,11 +5,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _estimate(tmp_path, name, *args) -> dict:

@@ -2,7 +2,7 @@
 ``NGPU=N FAKEGPU_PP_DEGREE=P fgpu --dist-mode real_pp_fake_spmd -- torchrun --nproc-per-node P ...``
 around a program that does not know fakegpu.
 
-- A plain torch.distributed.pipelining program (tests/torch_programs/pipeline_fsdp_train.py: 2
+- A plain torch.distributed.pipelining program (tests/e2e/torch_programs/pipeline_fsdp_train.py: 2
   stages, FSDP2 on the data-parallel axis) against the same file under plain torchrun +
   gloo with every logical rank a process: the program is SPMD-symmetric (see its docstring), so
   losses and parameters must be equal bit for bit.
@@ -26,7 +26,7 @@ from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun
 
 pytestmark = TORCH_UNDER_FGPU
 
-PROGRAM = REPO_ROOT / "tests" / "torch_programs" / "pipeline_fsdp_train.py"
+PROGRAM = Path(__file__).resolve().parent / "torch_programs" / "pipeline_fsdp_train.py"
 
 
 def _results(stdout: str) -> dict:

@@ -18,8 +18,8 @@ import pytest
 
 from fakegpu import launcher
 from fakegpu.cli import run as fgpu_run
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # A tiny stand-in for torchrun: without RANK it starts WORLD copies of itself with RANK set,
 # waits for them and exits with the worst status. Each rank allreduces through fakegpu.nccl

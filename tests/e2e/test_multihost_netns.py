@@ -23,13 +23,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
 from fakegpu import launcher
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.netns
 
 HOST_A = "10.213.7.1"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from test_multihost_netns import HOST_A, HOST_B, two_hosts  # noqa: F401  (the namespace fixture)
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 CASES = "ddp_all,fsdp2_bf16,mismatched_op,missing_peer"
 

@@ -9,11 +9,10 @@ import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DRIVER = REPO_ROOT / "verification" / "public_examples" / "run_examples.py"
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.paths import REPO_ROOT as REPO
 
 pytestmark = [
     pytest.mark.torch,

@@ -35,8 +35,8 @@ import pytest
 from helpers.torchrun import TORCH_UNDER_FGPU
 from test_multihost_netns import HOST_A, HOST_B, two_hosts  # noqa: F401  (namespace "hosts" fixture)
 from test_physical_multihost import clone  # noqa: F401  (a clean clone of HEAD with a shim build)
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NEEDS_TORCH = TORCH_UNDER_FGPU
 
 # ---------------------------------------------------------------------------------------------

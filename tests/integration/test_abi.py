@@ -1,10 +1,10 @@
 """fakegpu's native/include/nccl.h is ABI-identical to NVIDIA's NCCL 2.30.7 nccl.h.
 
-tests/abi/abi_dump.c prints every enum value, type size/alignment, struct field offset,
+tests/integration/abi/abi_dump.c prints every enum value, type size/alignment, struct field offset,
 macro value and initializer field; it is built against both headers (as C and as C++)
 and the outputs must be identical. NVIDIA's header comes from the nvidia-nccl-cu13
 wheel; it includes CUDA headers, taken from the CUDA toolkit when one is installed and
-otherwise from tests/abi/cuda_stub (which declares the one CUDA type nccl.h uses).
+otherwise from tests/integration/abi/cuda_stub (which declares the one CUDA type nccl.h uses).
 """
 from __future__ import annotations
 

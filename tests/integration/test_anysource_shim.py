@@ -1,7 +1,7 @@
 """fakegpu_probe_source through the real shim and a real coordinator: two ranks held by one
 process (one thread each, one connection, as a torch rank's stream thread and a helper share
 it), the rank named, the Recv that follows, the argument and usage errors and the timeout.
-The torch backend's recv from any source is tested in tests/test_torch_backend_parity.py."""
+The torch backend's recv from any source is tested in tests/integration/test_torch_backend_parity.py."""
 from __future__ import annotations
 
 import os

@@ -9,7 +9,6 @@ import random
 import socket
 import struct
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,13 +17,14 @@ from hypothesis import strategies as st
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.client import SyncClient
+from helpers.paths import VECTORS
 
 from test_coordinator_server import Coordinator, allreduce, world
 
 psutil = pytest.importorskip("psutil")
 
 VECTORS = [bytes.fromhex(v["hex"]) for v in
-           json.loads((Path(__file__).with_name("protocol_vectors.json")).read_text())]
+           json.loads((VECTORS / "protocol_vectors.json").read_text())]
 CLIENT_VECTORS = [v for v in VECTORS if struct.unpack_from("<H", v, 6)[0] in P.CLIENT_TO_SERVER]
 HELLO = P.encode_frame(P.Hello(flags=0, global_rank=-1, pid=1, staging_bytes=8192, hostname="fuzz"), 1)
 

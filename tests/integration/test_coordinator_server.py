@@ -15,15 +15,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.client import ClientError, SyncClient
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Coordinator:

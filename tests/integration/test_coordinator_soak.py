@@ -2,7 +2,7 @@
 
 The default is a short run suitable for CI; the full soak of the hardening issue is
 
-    FAKEGPU_SOAK_OPS=100000 PYTHONPATH=. python -m pytest -s tests/test_coordinator_soak.py
+    FAKEGPU_SOAK_OPS=100000 PYTHONPATH=. python -m pytest -s tests/integration/test_coordinator_soak.py
 
 which prints the coordinator's RSS over time. Ranks are plain Python clients of the wire
 protocol (socket staging), one process each, so the figure is about the coordinator alone.

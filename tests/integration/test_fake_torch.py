@@ -12,10 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT as ROOT
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(tmp_path: Path, **extra) -> dict:

@@ -1,7 +1,7 @@
 """Injected faults through the real shim, real coordinator and real rank processes.
 
 Each test starts a coordinator with a 2000 ms timeout and FAKEGPU_FAULTS, runs N ranks of
-this file's worker (``python tests/test_faults.py worker ...``: world communicator, then
+this file's worker (``python tests/integration/test_faults.py worker ...``: world communicator, then
 allreduces checked against numpy), and asserts what every live rank got, how fast, what
 ncclGetLastError said, and that the coordinator's report passes ``report check``.
 """
@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]
+# Also run as a script (the rank worker), before helpers is importable: the repository and
+# tests/ (for helpers) on sys.path.
+sys.path[:0] = [str(HERE.parents[2]), str(HERE.parents[1])]
 
 TIMEOUT_MS = 2000
 MARGIN_S = 1.5          # tick granularity (250 ms) + process scheduling on a loaded CI box
@@ -125,7 +127,7 @@ def start_ranks(nranks: int, coordinator, library: str, plan: dict, run_dir: Pat
     child.update(coordinator.client_env)
     child["FAKEGPU_NCCL_LIBRARY"] = library
     child["FAKEGPU_CLIENT_WAIT_MARGIN_MS"] = "1000"
-    child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+    child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[2]), os.environ.get("PYTHONPATH")]))
     child.update(env or {})
     procs = []
     for rank in range(nranks):
@@ -160,7 +162,7 @@ def results(run_dir: Path, ranks) -> dict:
 
 def check_report(report: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", str(report)],
-                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[1]))
+                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[2]))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     md = report.with_suffix(".md")
     assert md.exists() and "## Summary" in md.read_text()

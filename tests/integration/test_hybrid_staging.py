@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from helpers.native_programs import build_c_program, run_c_ranks
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")

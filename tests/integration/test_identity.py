@@ -1,7 +1,7 @@
 """Who is who: duplicate RANKs, RANK >= WORLD_SIZE, ranks the cluster config does not place,
 a config with more ranks than the job, a peer that never reaches communicator init, and
 `bandwidth --connect --timeout` on its one-rank path. Real coordinator, real shim, real rank
-processes (this file's worker: ``python tests/test_identity.py worker RUN_DIR RANK NRANKS``)."""
+processes (this file's worker: ``python tests/integration/test_identity.py worker RUN_DIR RANK NRANKS``)."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]
+# Also run as a script (the rank worker), before helpers is importable: the repository and
+# tests/ (for helpers) on sys.path.
+sys.path[:0] = [str(HERE.parents[2]), str(HERE.parents[1])]
 
 TIMEOUT_MS = 2000
-CONFIG = HERE.parents[1] / "cluster_configs" / "dev-2node-2gpu.yaml"   # 2 nodes x 2 ranks: 0-3
+CONFIG = HERE.parents[2] / "cluster_configs" / "dev-2node-2gpu.yaml"   # 2 nodes x 2 ranks: 0-3
 
 
 # ----------------------------------------------------------------------------- worker
@@ -61,7 +63,7 @@ def _run(coord, library: str, ranks: list[dict], nranks: int, run_dir: Path) -> 
     base.update(coord.client_env)
     base["FAKEGPU_NCCL_LIBRARY"] = library
     base["FAKEGPU_CLIENT_WAIT_MARGIN_MS"] = "1000"
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[2]), os.environ.get("PYTHONPATH")]))
     procs = []
     for spec in ranks:
         spec = dict(spec)
@@ -84,7 +86,7 @@ def _run(coord, library: str, ranks: list[dict], nranks: int, run_dir: Path) -> 
 
 def _check(report: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", str(report)],
-                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[1]))
+                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[2]))
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(report.read_text())
 
@@ -187,7 +189,7 @@ def test_cluster_config_with_more_ranks_than_the_job_warns(shim_library):
     notes = [n for n in data["notes"] if "never connected" in n]
     assert notes and notes[0].startswith("cluster config warning:") and "ranks 2-3" in notes[0], data["notes"]
     done = subprocess.run([sys.executable, "-m", "fakegpu", "report", "show", str(report)], capture_output=True,
-                          text=True, timeout=60, cwd=str(HERE.parents[1]))
+                          text=True, timeout=60, cwd=str(HERE.parents[2]))
     assert "warning: " in done.stdout and "ranks 2-3 never connected" in done.stdout, done.stdout
 
 
@@ -199,7 +201,7 @@ def test_peer_missing_at_init_is_an_event_a_rank_entry_and_an_fgpu_line(shim_lib
         env = dict(os.environ, RANK="0", WORLD_SIZE="2")
         sys.exit(subprocess.call([sys.executable, {str(HERE)!r}, "worker", {str(tmp_path)!r}, "0", "2"], env=env))
     """))
-    env = dict(os.environ, FAKEGPU_NCCL_LIBRARY=shim_library, PYTHONPATH=str(HERE.parents[1]),
+    env = dict(os.environ, FAKEGPU_NCCL_LIBRARY=shim_library, PYTHONPATH=str(HERE.parents[2]),
                FAKEGPU_CLIENT_WAIT_MARGIN_MS="1000")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "FAKEGPU_COORDINATOR_ADDR"):
         env.pop(k, None)
@@ -224,7 +226,7 @@ def test_bandwidth_connect_one_rank_honours_timeout(shim_library):
 
     with CoordinatorProcess("unix") as coord:
         env = dict(os.environ, **coord.client_env, FAKEGPU_NCCL_LIBRARY=shim_library,
-                   PYTHONPATH=str(HERE.parents[1]))
+                   PYTHONPATH=str(HERE.parents[2]))
         env.pop("FAKEGPU_COORDINATOR_TIMEOUT_MS", None)   # the ranks' own wait: 120 s
         t0 = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "fakegpu", "bandwidth", "--connect", coord.address,

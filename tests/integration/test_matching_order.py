@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from fakegpu.nccl import DataType, RedOp
 from helpers.call_plans import REDUCING, ROOTED, expected_output, failing_ranks
 from helpers.coordinator import CoordinatorProcess
+from helpers.paths import TESTS
 from helpers.ranks import REPO_ROOT, _STRIPPED
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "plan_worker.py"
+WORKER = TESTS / "helpers" / "plan_worker.py"
 PLAN_TIMEOUT_S = float(os.environ.get("FAKEGPU_TEST_PLAN_TIMEOUT_S", "120"))
 
 

@@ -1,6 +1,6 @@
 """The shim's native tests, driven from pytest.
 
-* native/tests/protocol_vectors_test.cc: the C++ wire codec against tests/protocol_vectors.json
+* native/tests/protocol_vectors_test.cc: the C++ wire codec against tests/vectors/protocol_vectors.json
   (the bytes the Python codec produces).
 * native/tests/c_api_test.c: a C program built against native/include/nccl.h that runs
   collectives, groups, splits, PreMulSum, argument errors and simulation through the real
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from helpers.native_programs import build_c_program, run_c_ranks
+from helpers.paths import VECTORS, REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("c++") is None,
@@ -43,7 +43,7 @@ def test_protocol_vectors(tmp_path):
            str(NATIVE / "tests" / "protocol_vectors_test.cc"), str(NATIVE / "src" / "wire" / "protocol.cc"), "-o", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([str(binary), str(REPO / "tests" / "protocol_vectors.json")], capture_output=True,
+    proc = subprocess.run([str(binary), str(VECTORS / "protocol_vectors.json")], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vectors OK" in proc.stdout
@@ -140,7 +140,7 @@ def test_connect_timeout_must_be_a_positive_integer(c_api_test, tmp_path):
     assert "FAKEGPU_CONNECT_TIMEOUT_MS='soon' is not a positive integer" in proc.stderr
 
 
-@pytest.mark.parametrize("mode", ["bogus"])  # proxy/passthrough: tests/test_proxy_passthrough.py
+@pytest.mark.parametrize("mode", ["bogus"])  # proxy/passthrough: tests/integration/test_proxy_passthrough.py
 def test_other_modes_are_refused_with_a_message(c_api_test, mode):
     proc, _ = _init_failure(c_api_test, {"FAKEGPU_DIST_MODE": mode, "FAKEGPU_COORDINATOR_ADDR": "/nonexistent"})
     assert proc.returncode != 0

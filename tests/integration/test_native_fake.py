@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")

@@ -1,7 +1,7 @@
 """Failed calls in the report: each failed call is one failed operation in ``totals`` and one
 ``op_failed`` event, whoever learns of it and however many steps it has, and ``report check``
 holds the report to that. Real coordinator, real shim, real rank processes (this file's
-worker: ``python tests/test_report_failures.py worker RUN_DIR RANK NRANKS PLAN``), through the
+worker: ``python tests/integration/test_report_failures.py worker RUN_DIR RANK NRANKS PLAN``), through the
 coordinator path (FAKEGPU_LOCAL_COLLECTIVES=0), where failures are matched."""
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]
+# Also run as a script (the rank worker), before helpers is importable: the repository and
+# tests/ (for helpers) on sys.path.
+sys.path[:0] = [str(HERE.parents[2]), str(HERE.parents[1])]
 
 
 # ----------------------------------------------------------------------------- worker
@@ -70,7 +72,7 @@ def _run(library: str, nranks: int, plan: dict, env: dict) -> tuple[dict, dict]:
     with CoordinatorProcess("unix", extra_args=("--timeout-ms", "5000", "--report", str(report))) as coord:
         base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
         base.update(coord.client_env, FAKEGPU_NCCL_LIBRARY=library, FAKEGPU_LOCAL_COLLECTIVES="0", **env)
-        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[2]), os.environ.get("PYTHONPATH")]))
         procs = [subprocess.Popen([sys.executable, str(HERE), "worker", str(run_dir), str(r), str(nranks),
                                    json.dumps(plan)], env={**base, "RANK": str(r)}, stdin=subprocess.DEVNULL,
                                   stdout=open(run_dir / f"log-{r}.txt", "w"), stderr=subprocess.STDOUT)
@@ -84,7 +86,7 @@ def _run(library: str, nranks: int, plan: dict, env: dict) -> tuple[dict, dict]:
         if path.exists():
             outcomes[r] = json.loads(path.read_text())
     done = subprocess.run([sys.executable, "-m", "fakegpu", "report", "check", str(report)],
-                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[1]))
+                          capture_output=True, text=True, timeout=120, cwd=str(HERE.parents[2]))
     assert done.returncode == 0, done.stdout + done.stderr
     return outcomes, json.loads(report.read_text())
 

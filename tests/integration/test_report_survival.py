@@ -1,6 +1,6 @@
 """Reports survive: a coordinator SIGTERMed mid-job writes complete-so-far JSON and Markdown,
 and a rank killed mid-job does not lose the other ranks' accounting. Real shim, real
-coordinator, real rank processes (the worker of tests/test_faults.py)."""
+coordinator, real rank processes (the worker of tests/integration/test_faults.py)."""
 from __future__ import annotations
 
 import json

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 HERE = Path(__file__).resolve()
-REPO_ROOT = HERE.parents[1]
 CONFIG = REPO_ROOT / "cluster_configs" / "dev-2node-2gpu.yaml"
 PY = shlex.quote(sys.executable)
 

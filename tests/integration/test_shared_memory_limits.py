@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +24,7 @@ from helpers.native_programs import build_c_program
 from helpers.world_job import private_shm_problem, run_world_job
 
 from test_coordinator_core import Harness
+from helpers.paths import REPO_ROOT
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -225,7 +225,7 @@ sys.exit(1)
 def test_shim_refuses_to_map_a_segment_the_coordinator_did_not_allocate(shim_library, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
     env.update(FAKEGPU_NCCL_LIBRARY=shim_library, FAKEGPU_DIST_MODE="simulate",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                         os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-c", _GRANT_WITHOUT_ALLOCATING, str(tmp_path / "c.sock")],
                           env=env, capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 """fakegpu's torch backend against gloo on real rank processes (the real shim and a real
 coordinator for fakegpu): Works that only C++ holds, all_gather_coalesced's layout, group
 timeouts, the default device (DCP + FSDP2), sparse all_reduce, monitored_barrier and
-asynchronous collectives.  The programs are tests/torch_programs/backend_cases.py."""
+asynchronous collectives.  The programs are tests/integration/torch_programs/backend_cases.py."""
 from __future__ import annotations
 
 import importlib.util

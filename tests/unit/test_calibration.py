@@ -15,9 +15,10 @@ floor is twice the other A100 source's) and at 2-128 MB (+20..55 %).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "verification"))
+from helpers.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "verification"))
 
 import calibration  # noqa: E402
 

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +26,8 @@ from fakegpu.coordinator import core as C
 from fakegpu.coordinator.faults import FaultPlan, parse_fault_env
 
 from test_coordinator_core import Harness as CoreHarness, shm_factory
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 F32 = 7
 

@@ -6,15 +6,15 @@ InfiniBand 0.92, TCP 0.85, NVLS 0.60 of the NVLink port with a 25 us base latenc
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from fakegpu import costmodel
 from fakegpu.costmodel import estimate, estimate_seconds
 from fakegpu.topology import load_cluster_config, parse_cluster_config
+from helpers.paths import REPO_ROOT
 
-CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
+CONFIGS = REPO_ROOT / "cluster_configs"
 MiB = 1 << 20
 
 
@@ -302,7 +302,7 @@ def test_modeled_table_command(capsys):
 def _model(*argv):
     import subprocess
     import sys
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     return subprocess.run([sys.executable, "-m", "fakegpu", "model", *argv], capture_output=True, text=True,
                           cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
 

@@ -1,4 +1,4 @@
-"""One size grammar for the coordinator/launcher and the shim (tests/size_vectors.json).
+"""One size grammar for the coordinator/launcher and the shim (tests/vectors/size_vectors.json).
 
 fakegpu/env.py's parse_size and native/src/core/env.cc's env::bytes (through its test hook
 fakegpu_test_parse_bytes) must turn every text there into the same byte count or both refuse it.
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from fakegpu.env import ConfigError, parse_size
+from helpers.paths import VECTORS
 
-VECTORS = json.loads(Path(__file__).with_name("size_vectors.json").read_text())["vectors"]
+VECTORS = json.loads((VECTORS / "size_vectors.json").read_text())["vectors"]
 IDS = [repr(v["text"]) for v in VECTORS]
 
 

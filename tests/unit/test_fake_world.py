@@ -16,8 +16,8 @@ from fakegpu.fake.events import EventFormatError, EventLog, read_events, replay
 from fakegpu.fake.world import WorldAccountant, replica_groups
 from fakegpu.report.check import check_report
 from fakegpu.report.cluster_report import ClusterReport
+from helpers.paths import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from fakegpu import costmodel
 from fakegpu.coordinator.faults import FaultPlan, FaultSpecError, load_plan, parse_fault_env
 from fakegpu.topology import ClusterConfigError, parse_cluster_config
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 YAML = textwrap.dedent("""
     version: 1

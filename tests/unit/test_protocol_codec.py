@@ -1,8 +1,8 @@
-"""The Python codec against tests/protocol_vectors.json (the C++ shim checks the same file),
+"""The Python codec against tests/vectors/protocol_vectors.json (the C++ shim checks the same file),
 plus the incremental parser's limits and error messages.
 
 Regenerate the vectors (only when docs/protocol.md changes, and tell the shim owner):
-    PYTHONPATH=. python tests/test_protocol_codec.py --write
+    PYTHONPATH=. python tests/unit/test_protocol_codec.py --write
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from fakegpu import protocol as P
 
-VECTORS_PATH = Path(__file__).with_name("protocol_vectors.json")
+# tests/vectors/ (computed here, not taken from helpers.paths: --write runs this file as a script)
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "vectors" / "protocol_vectors.json"
 
 
 # --------------------------------------------------------------------------- vector set

@@ -12,8 +12,9 @@ from fakegpu.common.records import ClientRecord, CommRecord, OpRecord
 from fakegpu.report import ClusterReport, check_report
 from fakegpu.report.schema import REPORT_SCHEMA, repo_schema_path
 from fakegpu.topology import default_topology, load_cluster_config
+from helpers.paths import REPO_ROOT
 
-CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
+CONFIGS = REPO_ROOT / "cluster_configs"
 MiB = 1 << 20
 PORT = 300e9 * 0.82                 # dev-2node-2gpu NVLink port, NVLink efficiency
 NIC = 200e9 / 8 / 1.5 * 0.92        # HDR NIC after 1.5 oversubscription, IB efficiency

@@ -13,8 +13,8 @@ from fakegpu.topology import (
     get_profile,
     load_cluster_config,
 )
+from helpers.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "cluster_configs"
 
 BASE = """\

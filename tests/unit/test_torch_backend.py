@@ -1,21 +1,20 @@
 """fakegpu.torch in one process: registration, autoload hooks, dtype/op translation and the
-errors users see.  The multi-rank behaviour is in tests/test_torch_verification.py."""
+errors users see.  The multi-rank behaviour is in tests/e2e/test_torch_verification.py."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT as REPO
 
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
 ]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_registers_backend_for_cpu():

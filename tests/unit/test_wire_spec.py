@@ -7,12 +7,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import fakegpu.protocol as P
 from fakegpu import wire_spec as W
+from helpers.paths import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_generated_files_are_up_to_date():

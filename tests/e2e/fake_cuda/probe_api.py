@@ -1,4 +1,4 @@
-"""Run by tests/test_fake_cuda.py in a fresh interpreter with FAKEGPU_FAKE_CUDA=1 and the
+"""Run by tests/e2e/test_fake_cuda.py in a fresh interpreter with FAKEGPU_FAKE_CUDA=1 and the
 autoload hook on PYTHONPATH (what fgpu gives a rank).  Exercises the fake CUDA runtime and
 prints one JSON object of observations; the test compares them with hand-computed values."""
 import json

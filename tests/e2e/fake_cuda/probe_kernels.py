@@ -1,4 +1,4 @@
-"""Run by tests/test_fake_cuda_kernels.py in a fresh interpreter set up as fgpu sets up a rank
+"""Run by tests/e2e/test_fake_cuda_kernels.py in a fresh interpreter set up as fgpu sets up a rank
 (FAKEGPU_FAKE_CUDA=1, the autoload hook on PYTHONPATH).  Calls the attention kernels torch
 has only for CUDA, as unmodified programs do, and the CPU computation they must equal; prints
 one JSON object of comparisons (max absolute differences, 0.0 = bit for bit)."""

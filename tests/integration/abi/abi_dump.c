@@ -2,7 +2,7 @@
  * Prints every ABI-relevant fact of an nccl.h: enum values, type sizes and alignments,
  * struct field offsets, macro values and initializer contents, one "name value" per line.
  *
- * tests/test_abi.py compiles this file once against NVIDIA's nccl.h and once against
+ * tests/integration/test_abi.py compiles this file once against NVIDIA's nccl.h and once against
  * fakegpu's native/include/nccl.h and requires the two outputs to be identical.
  * It is valid C and C++, so it is also built as C++ (NVIDIA's header takes other
  * include paths there).

@@ -1,6 +1,6 @@
 """Helpers for the ABI tests: find headers and compilers, parse nccl.h, list NCCL names.
 
-Kept apart from the test files so that tests/test_abi.py and tests/test_abi_exports.py
+Kept apart from the test files so that tests/integration/test_abi.py and tests/integration/test_abi_exports.py
 read as lists of checks.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 ABI_DIR = Path(__file__).resolve().parent
-REPO_ROOT = ABI_DIR.parent.parent
+REPO_ROOT = ABI_DIR.parents[2]   # tests/integration/abi
 OUR_INCLUDE = REPO_ROOT / "native" / "include"
 CUDA_STUB_INCLUDE = ABI_DIR / "cuda_stub"
 DUMP_SOURCE = ABI_DIR / "abi_dump.c"

@@ -1,4 +1,4 @@
-"""One rank of a fakegpu-vs-gloo torch.distributed case (tests/test_torch_backend_parity.py).
+"""One rank of a fakegpu-vs-gloo torch.distributed case (tests/integration/test_torch_backend_parity.py).
 
     python backend_cases.py CASE BACKEND OUTDIR      (RANK, WORLD_SIZE, MASTER_* from the test)
 
