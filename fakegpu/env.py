@@ -50,7 +50,7 @@ def parse_size(text: str, what: str = "size") -> int:
         raise ConfigError(
             f"{what}={text!r} is not a size (examples: 4096, 64K, 16MiB, 1.5GB; "
             f"units: {', '.join(u for u in _SIZE_UNITS if u)})")
-    # Exact arithmetic, as in the shim's env::bytes (the same grammar, tests/size_vectors.json):
+    # Exact arithmetic, as in the shim's env::bytes (the same grammar, tests/vectors/size_vectors.json):
     # a float would round 16.000000000000001M to a whole number.
     value = Fraction(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
     if value.denominator != 1:
@@ -165,7 +165,7 @@ def read_token(env: Mapping[str, str]) -> str:
 
 
 # The token-file rule (docs/usage.md, "Token files"), shared with the shim (native/src/core/env.cc,
-# env::token_from_file_contents) and pinned for both by tests/token_file_vectors.json.
+# env::token_from_file_contents) and pinned for both by tests/vectors/token_file_vectors.json.
 TOKEN_FILE_MAX_BYTES = 4096
 TOKEN_FILE_WHITESPACE = b" \t\n\r\v\f"   # ASCII only: a non-breaking space is part of the token
 

@@ -1,7 +1,7 @@
 """Every environment variable fakegpu reads, declared once.
 
 spec/generate.py writes the table of docs/usage.md ("Environment variables") from this list, and
-tests/test_wire_spec.py checks it against the code: every FAKEGPU_* name that the shim
+tests/unit/test_wire_spec.py checks it against the code: every FAKEGPU_* name that the shim
 (native/src) or the Python package (fakegpu/) reads must be declared here, and every one declared
 must be read somewhere. Rows: (variables as the table shows them, default, read by, meaning).
 """

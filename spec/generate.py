@@ -4,7 +4,7 @@ generate.py writes its kernel tables): native/src/generated/wire_spec.h, fakegpu
 the marked tables of docs/protocol.md and the environment table of docs/usage.md.
 
     python spec/generate.py           # rewrite what is stale
-    python spec/generate.py --check   # exit 1 and name every stale file (tests/test_wire_spec.py)
+    python spec/generate.py --check   # exit 1 and name every stale file (tests/unit/test_wire_spec.py)
 """
 from __future__ import annotations
 

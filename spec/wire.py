@@ -2,7 +2,7 @@
 
 Plain data only: spec/generate.py turns this file into native/src/generated/wire_spec.h (C++),
 fakegpu/wire_spec.py (Python) and the generated tables of docs/protocol.md. Edit this file and run
-`python spec/generate.py`; tests/test_wire_spec.py fails while a generated file is stale.
+`python spec/generate.py`; tests/unit/test_wire_spec.py fails while a generated file is stale.
 """
 
 VERSION = 2

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_TESTS = Path(__file__).resolve().parent
+# tests/ for `helpers`; the three test folders so that a test module can import another's
+# harness by module name whichever folder (or single file) pytest was given: integration's
+# test_shared_memory_limits uses unit's test_coordinator_core.Harness. Test file names are
+# therefore unique across the folders (pytest's default import mode needs that anyway).
+sys.path[:0] = [str(_TESTS)] + [str(_TESTS / folder) for folder in ("unit", "integration", "e2e")]
 
 from helpers.coordinator import CoordinatorProcess, CoordinatorUnavailable  # noqa: E402
 from helpers.ranks import run_ranks  # noqa: E402

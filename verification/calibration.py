@@ -1,6 +1,6 @@
 """Model vs published nccl-tests results (verification/data/published_nccl_tests.csv).
 
-`python verification/calibration.py` prints the table; tests/test_calibration.py guards the
+`python verification/calibration.py` prints the table; tests/unit/test_calibration.py guards the
 figures. Clusters named in the CSV are bundled configs, or built here when none fits.
 """
 from __future__ import annotations

@@ -30,15 +30,15 @@ GROUPS: dict[str, tuple[str, list[list[str]]]] = {
     ]),
     "tcp_bandwidth": ("the bandwidth tool over TCP: two logical nodes, separately started ranks "
                       "meeting by --session, disagreeing hosts reported, the usage doc's commands", [
-        [*PYTEST, "tests/test_collectives_bandwidth.py", "-k",
+        [*PYTEST, "tests/e2e/test_collectives_bandwidth.py", "-k",
          "listen_tcp or separately_started or mismatched or session_required"],
-        [*PYTEST, "tests/test_multihost_netns.py", "-k", "bandwidth"],
+        [*PYTEST, "tests/e2e/test_multihost_netns.py", "-k", "bandwidth"],
     ]),
     "distributed_resilience": ("failures end calls instead of hanging: killed, hung, slow and missing "
                                "peers, disagreeing calls, a lost coordinator, abort and shrink, "
                                "and how the report counts them", [
-        [*PYTEST, "tests/test_faults.py", "tests/test_faults_core.py", "tests/test_report_failures.py",
-         "tests/test_local_collectives.py::test_a_rank_that_never_comes_times_out_like_before"],
+        [*PYTEST, "tests/integration/test_faults.py", "tests/unit/test_faults_core.py", "tests/integration/test_report_failures.py",
+         "tests/integration/test_local_collectives.py::test_a_rank_that_never_comes_times_out_like_before"],
     ]),
     "multinode_sim": ("torchrun jobs over 2 and 4 simulated ranks on two nodes, every collective "
                       "checked, report validated", [
@@ -55,7 +55,7 @@ GROUPS: dict[str, tuple[str, list[list[str]]]] = {
          "--reduce-precision", "parameter"],
     ]),
     "physical_multihost": ("the SSH controller end to end on two network-namespace hosts (root)", [
-        [*PYTEST, "tests/test_physical_multihost.py"],
+        [*PYTEST, "tests/e2e/test_physical_multihost.py"],
     ]),
 }
 

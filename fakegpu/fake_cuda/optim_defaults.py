@@ -8,7 +8,7 @@ from the one the program takes on its GPUs, and several times the operations (ea
 trip through fakegpu's dispatch modes).  Here a parameter whose storage lives on a fake
 device counts as a CUDA parameter for that choice, so the optimizer takes the path it takes
 on a GPU.  On CPU kernels the foreach and per-tensor paths of SGD, Adam and AdamW give the
-same bits (tests/test_fake_cuda.py); the other optimizers' foreach paths are within float
+same bits (tests/e2e/test_fake_cuda.py); the other optimizers' foreach paths are within float
 rounding of their loops, as on a GPU.  ``fused`` stays what it is on a GPU: only when asked.
 """
 from __future__ import annotations

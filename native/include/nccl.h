@@ -3,7 +3,7 @@
  *
  * Binary-compatible with NCCL 2.30.7: every enum value, every struct layout and every
  * function signature matches, so a program built against NVIDIA's header runs against
- * fakegpu's libnccl.so.2 and vice versa (tests/test_abi.py checks this field by field).
+ * fakegpu's libnccl.so.2 and vice versa (tests/integration/test_abi.py checks this field by field).
  *
  * Differences from NVIDIA's header, all source-level only:
  *   - no CUDA headers are needed: cudaStream_t is declared here as the same opaque

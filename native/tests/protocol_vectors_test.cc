@@ -1,4 +1,4 @@
-// Checks the shim's wire codec (native/src/protocol.cc) against tests/protocol_vectors.json,
+// Checks the shim's wire codec (native/src/protocol.cc) against tests/vectors/protocol_vectors.json,
 // the byte vectors produced by the coordinator's Python codec: for every vector, encoding
 // its fields must give exactly its bytes, and decoding its bytes must give its fields.
 //
@@ -421,7 +421,7 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path = argc > 1 ? argv[1] : "tests/protocol_vectors.json";
+  std::string path = argc > 1 ? argv[1] : "tests/vectors/protocol_vectors.json";
   std::ifstream in(path);
   if (!in) {
     fprintf(stderr, "cannot open %s\n", path.c_str());

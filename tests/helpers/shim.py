@@ -5,7 +5,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .paths import REPO_ROOT
 LIB_NAME = "libnccl.so.2"
 
 

@@ -1,4 +1,4 @@
-"""Run one case of tests/torch_programs/backend_cases.py on N real rank processes, under
+"""Run one case of tests/integration/torch_programs/backend_cases.py on N real rank processes, under
 gloo or under fakegpu (the real shim and a real coordinator), with a hard time limit."""
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 from .coordinator import CoordinatorProcess
+from .paths import TESTS
 from .shim import REPO_ROOT
 
-PROGRAM = REPO_ROOT / "tests" / "torch_programs" / "backend_cases.py"
+PROGRAM = TESTS / "integration" / "torch_programs" / "backend_cases.py"
 _STRIPPED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
              "MASTER_PORT", "LD_PRELOAD", "TORCHELASTIC_RESTART_COUNT")
 

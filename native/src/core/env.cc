@@ -31,7 +31,7 @@ long long integer(const char* name, long long fallback, bool* bad) {
   return x;
 }
 
-// The size grammar of fakegpu/env.py's parse_size (pinned for both by tests/size_vectors.json):
+// The size grammar of fakegpu/env.py's parse_size (pinned for both by tests/vectors/size_vectors.json):
 // optional spaces, digits with an optional fraction, optional spaces, a unit (case-insensitive;
 // K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or nothing is
 // bytes), optional spaces; the value must be a whole number of bytes.
@@ -182,7 +182,7 @@ bool flag(const char* name) {
 
 }  // namespace fakegpu::env
 
-// Test hook (tests/test_env_sizes.py): the size grammar above, as the shim reads it.
+// Test hook (tests/unit/test_env_sizes.py): the size grammar above, as the shim reads it.
 extern "C" __attribute__((visibility("default"))) int fakegpu_test_parse_bytes(const char* text, uint64_t* out) {
   return fakegpu::env::bytes(text, out) ? 1 : 0;
 }

@@ -15,7 +15,7 @@ bool bytes(const char* text, uint64_t* out);
 bool flag(const char* name);  // set to something other than "", "0", "false", "no"
 
 // The token-file rule (docs/usage.md, "Token files"; the coordinator's copy is
-// fakegpu/env.py token_from_file_contents, and tests/token_file_vectors.json pins both): the
+// fakegpu/env.py token_from_file_contents, and tests/vectors/token_file_vectors.json pins both): the
 // file's bytes without ASCII whitespace (space, \t \n \r \v \f) at either end, which must leave
 // one non-empty line of UTF-8 text; the file holds at most kTokenFileMaxBytes. On a bad file
 // returns false with *error saying why ("is empty", ...), to follow the file's name.

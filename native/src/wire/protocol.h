@@ -1,5 +1,5 @@
 // Encoding and decoding of the fakegpu wire protocol (docs/protocol.md is the
-// contract; tests/protocol_vectors.json pins the bytes). Pure functions on byte buffers:
+// contract; tests/vectors/protocol_vectors.json pins the bytes). Pure functions on byte buffers:
 // no I/O here, so the encoder/decoder is testable on its own.
 #pragma once
 

@@ -1,0 +1,100 @@
+"""GPU-only attention kernels on fake CUDA devices, against the CPU computation.
+
+The probe (tests/e2e/fake_cuda/probe_kernels.py) runs in a fresh interpreter set up as fgpu sets
+up a rank, so the patches never touch this pytest process.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.paths import REPO_ROOT
+
+AUTOLOAD = REPO_ROOT / "fakegpu" / "torch" / "autoload"
+PROBES = Path(__file__).resolve().parent / "fake_cuda"
+PROBE = PROBES / "probe_kernels.py"
+
+try:
+    import torch  # noqa: F401
+    HAS_TORCH = True
+except ImportError:
+    HAS_TORCH = False
+
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")]
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
+               FAKEGPU_DEVICE_COUNT="2", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_varlen_attention_equals_math_per_sequence_bit_for_bit(probe):
+    # output and the gradients of q, k, v (GQA: k and v have half the heads)
+    assert probe["varlen_causal_gqa"] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_flash_forward_sliding_window_and_logsumexp(probe):
+    out_diff, lse_diff = probe["dense_window"]
+    assert out_diff == 0.0
+    assert lse_diff < 1e-5
+    assert probe["dense_window_lse_shape"] == [2, 4, 12]   # (batch, heads, query length)
+
+
+def test_cudnn_sdpa_called_directly_equals_math(probe):
+    assert probe["cudnn_sdpa"] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_efficient_attention_called_directly_equals_math(probe):
+    # output, log-sum-exp rows, and the gradients of q, k, v and the bias
+    out_diff, lse_diff, *grads = probe["efficient_bias_causal"]
+    assert out_diff == 0.0 and grads == [0.0, 0.0, 0.0, 0.0]
+    assert lse_diff < 1e-5
+    # (batch, heads, query length padded to 32), +inf past the end; the max lengths
+    assert probe["efficient_lse"] == [[2, 3, 32], True, 10, 10]
+    varlen_diff, lse_shape = probe["efficient_varlen_bottom_right"]
+    assert varlen_diff == 0.0
+    assert lse_shape == [2, 2, 32]   # one row set per sequence
+
+
+def test_efficient_attention_window_is_refused_in_one_line(probe):
+    message = probe["efficient_window_refusal"]
+    assert message and message.startswith("fakegpu: aten::_efficient_attention_forward with window_size=4")
+    assert "\n" not in message
+
+
+def test_sdpa_kernel_contexts_run_within_rounding_of_math(probe):
+    assert probe["sdpa_EFFICIENT_ATTENTION"] == 0.0    # math fallback
+    assert probe["sdpa_CUDNN_ATTENTION"] == 0.0
+    assert probe["sdpa_FLASH_ATTENTION"] < 1e-5        # torch's CPU flash kernel
+
+
+def test_flash_dropout_is_refused_in_one_line(probe):
+    message = probe["dropout_refusal"]
+    assert message and message.startswith("fakegpu: aten::_flash_attention_forward with dropout_p=0.1")
+    assert "\n" not in message
+
+
+def test_integer_devices_are_fake_cuda_devices(probe):
+    # Module.to(1) and device=1 mean cuda:1; the tensors are CPU tensors charged to device 1.
+    assert probe["int_devices"] == ["cpu", "cpu", True]
+
+
+def test_without_memory_tracking_an_op_without_cpu_kernel_still_fails_in_one_line():
+    # FAKEGPU_FAKE_CUDA_MEMORY=0 leaves out the per-op tracking mode; the message is the same.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
+               FAKEGPU_FAKE_CUDA_MEMORY="0")
+    done = subprocess.run([sys.executable, str(PROBES / "probe_unsupported_op.py")],
+                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("fakegpu: fgpu_probe::cuda_only has no CPU implementation")

@@ -1,0 +1,87 @@
+"""The wire tables are declared once (spec/wire.py) and generated for C++, Python and the docs.
+
+A generated file that no longer matches the spec fails here: run `python spec/generate.py`.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import fakegpu.protocol as P
+from fakegpu import wire_spec as W
+from helpers.paths import REPO_ROOT as ROOT
+
+
+
+def test_generated_files_are_up_to_date():
+    done = subprocess.run([sys.executable, str(ROOT / "spec" / "generate.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"stale generated files (run python spec/generate.py):\n{done.stdout}{done.stderr}"
+
+
+def test_protocol_module_exposes_the_generated_tables():
+    # protocol.py is the codec around the generated tables; it must not redefine any of them.
+    for name in W.__all__:
+        assert getattr(P, name) is getattr(W, name), name
+    assert P.OPDESC_STRUCT.size == W.OPDESC_SIZE == 88
+    assert P.HEADER.size == 16
+
+
+def test_lengths_rule_matches_the_documented_table():
+    """rank_lengths (generated) against the table of docs/protocol.md, written out by hand here."""
+    c, n = 12, 5
+    table = {  # kind: (root in, root out, other in, other out)
+        "AllReduce": (c, c, c, c), "Broadcast": (c, c, 0, c), "Reduce": (c, c, c, 0),
+        "AllGather": (c, n * c, c, n * c), "ReduceScatter": (n * c, c, n * c, c),
+        "AlltoAll": (n * c, n * c, n * c, n * c), "Gather": (c, n * c, c, 0), "Scatter": (n * c, c, 0, c),
+        "Send": (c, 0, c, 0), "Recv": (0, c, 0, c),
+    }
+    for kind, name in P.KIND_NAMES.items():
+        got = P.rank_lengths(kind, 3, 4, n, True) + P.rank_lengths(kind, 3, 4, n, False)
+        assert got == table[name], name
+        assert P.per_member_blocks(kind) == (name in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"))
+
+
+def test_a_contradictory_spec_is_refused(tmp_path):
+    """generate.py checks the spec itself: a duplicate message code is an error naming the table."""
+    source = (ROOT / "spec" / "wire.py").read_text()
+    bad = source.replace('(2, "HELLO_OK"', '(1, "HELLO_OK"', 1)
+    assert bad != source
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "wire.py").write_text(bad)
+    (tmp_path / "spec" / "generate.py").write_text((ROOT / "spec" / "generate.py").read_text())
+    done = subprocess.run([sys.executable, str(tmp_path / "spec" / "generate.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "MESSAGES has a duplicate code or name" in done.stderr
+
+
+def _declared_variables() -> set:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fakegpu_env_spec", ROOT / "spec" / "env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = set()
+    for cells in module.VARIABLES:
+        names.update(re.findall(r"FAKEGPU_[A-Z0-9_]+", cells[0]))
+    return names
+
+
+def _variables_in_code() -> dict:
+    found: dict = {}
+    files = [p for p in (ROOT / "native" / "src").rglob("*") if p.suffix in (".cc", ".h")]
+    files += [p for p in (ROOT / "fakegpu").rglob("*.py")]
+    for path in files:
+        for name in re.findall(r"FAKEGPU_[A-Z0-9_]+", path.read_text(errors="replace")):
+            found.setdefault(name, path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_every_environment_variable_the_code_reads_is_declared_once():
+    """spec/env.py is the list (docs/usage.md's table is generated from it): a variable the shim or
+    the package mentions but the spec lacks is undocumented; one the spec has but nothing reads
+    is a stale row."""
+    declared, used = _declared_variables(), _variables_in_code()
+    undeclared = {n: where for n, where in used.items() if n not in declared}
+    assert not undeclared, f"declare these in spec/env.py (and run spec/generate.py): {undeclared}"
+    assert not declared - set(used), f"spec/env.py declares variables nothing reads: {sorted(declared - set(used))}"
