@@ -628,3 +628,38 @@ def test_a_gpus_pcie_link_bounds_its_network_traffic():
     eight = load_cluster_config(CONFIGS / "h100-2node-8gpu-ib-8x400g.yaml")
     rail = estimate("SendRecv", S // 4, 4, [0, 8], 0, 1, eight)
     assert rail.bandwidth_s == pytest.approx(S / (400e9 / 8 * 0.92), rel=1e-9)
+
+
+def _collnet(nodes: int, collnet: bool = True):
+    lines = ["version: 1", "nodes:"]
+    for i in range(nodes):
+        lines.append(f"  - {{id: n{i}, ranks: {list(range(8 * i, 8 * i + 8))}, nics: 8, "
+                     f"gpus: [{', '.join(['{profile: h100}'] * 8)}]}}")
+    lines += ["fabric:", "  intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 2.5}",
+              f"  inter_node: {{type: infiniband, bandwidth_gbps: 400, latency_us: 5, collnet: {str(collnet).lower()}}}"]
+    return parse_cluster_config("\n".join(lines) + "\n", f"collnet-{nodes}.yaml")
+
+
+def test_collnet_direct_bytes_do_not_grow_with_the_node_count():
+    """CollNet Direct: reduce-scatter in the node (pairwise 2c/g), each GPU's shard c/g to the
+    switch and back, allgather; per-NIC bytes c/g whatever N, latency independent of N."""
+    S = 1 << 30
+    times = {}
+    for nodes in (2, 8):
+        topo = _collnet(nodes)
+        ranks = list(range(8 * nodes))
+        e = estimate("AllReduce", S // 4, 4, ranks, 0, -1, topo, algorithms=["collnet_direct"])
+        assert (e.algorithm, e.protocol) == ("collnet_direct", "simple")
+        # every GPU sends 7 x 2c/8 to its node's peers and c/8 on its rail
+        assert sum(b for (s, d), b in e.transfers.items() if s == 0 and topo.same_node(s, d)) == 7 * 2 * S // 8
+        assert sum(b for (s, d), b in e.transfers.items() if s == 0 and not topo.same_node(s, d)) == S // 8
+        assert e.latency_s == pytest.approx(L0 + RING_BASE + 2 * 2.5e-6 + 2 * 5e-6)
+        times[nodes] = e.seconds
+    assert times[2] == pytest.approx(times[8])
+    # the ring's network share grows with N: at 8 nodes CollNet is the faster
+    ring8 = estimate("AllReduce", S // 4, 4, list(range(64)), 0, -1, _collnet(8), algorithms=["ring"], protocols=["simple"])
+    assert ring8.seconds > times[8]
+    # named by NCCL_ALGO as NCCL names it; absent where the switches do not reduce
+    assert costmodel.tuning_from_env("AllReduce", {"NCCL_ALGO": "CollNet"})[0] == {"collnet_direct"}
+    plain = estimate("AllReduce", S // 4, 4, list(range(16)), 0, -1, _collnet(2, collnet=False))
+    assert not any(k.startswith("collnet") for k in plain.candidates)
