@@ -196,10 +196,10 @@ def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
         return _validate_shape(desc, member, not accounted), None
     if accounted:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks,
-               desc[D_STEP_TOTAL])
-    else:
+               desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
+    else:  # the order bits too: they are part of the signature and checked
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-               member.rank, member.comm.nranks, desc[D_STEP_TOTAL])
+               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member, not accounted), signature(desc))
