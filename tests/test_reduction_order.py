@@ -244,3 +244,62 @@ def test_rank_order_on_request(local, shim_library, start_coordinator):
     from helpers.gloo_probe import case_inputs
     xs = [case_inputs(cases[1], r) for r in range(world)]
     assert not _same_bits(G.all_reduce(xs)[0], _rank_order(cases[1], xs, world)[0])
+
+
+# --- the coordinator's matching of the order bits (a Core fed frames, no processes) ---------------
+
+class _Core:
+    """A coordinator Core fed GROUP frames; replies decoded per connection."""
+
+    def __init__(self, n):
+        from fakegpu import protocol as P
+        from fakegpu.coordinator import core as C
+
+        self.P, self.C = P, C
+        self.core = C.Core(clock=lambda: 0.0, wall=lambda: 1.7e9, timeout_ms=5000)
+        self.inbox = {}
+        self.rid = 100
+        for c in range(n):
+            self.send(c, P.Hello(flags=1, global_rank=c, pid=1000 + c, staging_bytes=1 << 16, hostname="h"))
+        rids = [self.send(c, P.CommInit(b"u" * 128, n, c, "world")) for c in range(n)]
+        self.handles = [self.reply(c, r).comm_handle for c, r in zip(range(n), rids)]
+
+    def send(self, conn, msg):
+        self.rid += 1
+        for f in self.P.FrameParser(1 << 40).feed(self.P.encode_frame(msg, self.rid)):
+            for kind, c, data in self.core.on_frame(conn, f, "unix", lambda hello, S: (np.zeros(2 * S, np.uint8), True)):
+                if kind == self.C.SEND:
+                    raw = data if isinstance(data, bytes) else b"".join(bytes(memoryview(p)) for p in data)
+                    for g in self.P.FrameParser(1 << 40).feed(raw):
+                        self.inbox.setdefault(c, []).append((g.request_id, self.P.decode_body(g.msg_type, g.body)))
+        return self.rid
+
+    def reply(self, conn, rid):
+        return next(m for r, m in self.inbox.get(conn, []) if r == rid)
+
+    def allreduce(self, order_of_rank, count=4, seq=1):
+        P = self.P
+        rids = []
+        for r, order in enumerate(order_of_rank):
+            d = P.OpDesc(comm_handle=self.handles[r], kind=P.KIND_ALLREDUCE, datatype=7, redop=0,
+                         flags=6 | (order << P.OP_ORDER_SHIFT), root=-1, total_count=count, step_count=count,
+                         in_offset=0, in_len=4 * count, out_offset=0, out_len=4 * count, scalar=b"",
+                         match_seq=seq, step_index=0, step_total=1)
+            rids.append(self.send(r, P.Group(ops=(d,))))
+        return [self.reply(r, rid) for r, rid in enumerate(rids)]
+
+
+def test_members_that_disagree_on_the_order_fail_with_a_message_naming_it(shim_library, monkeypatch):
+    monkeypatch.setenv("FAKEGPU_NCCL_LIBRARY", shim_library)
+    h = _Core(3)
+    P = h.P
+    done = h.allreduce([1, 1, 1], seq=1)  # agreeing members: fine
+    assert all(d.results == (0,) for d in done)
+    done = h.allreduce([1, 0, 1], seq=2)
+    for d in done:
+        assert d.results == (P.NCCL_INVALID_USAGE,)
+        assert "reduction order (FAKEGPU_REDUCTION_ORDER)" in d.message
+        assert "[gloo all-reduce order]" in d.message
+    done = h.allreduce([3, 3, 3], seq=3)  # no such order
+    assert all(d.results[0] != 0 for d in done)
+    assert any("unknown reduction order 3" in d.message for d in done)

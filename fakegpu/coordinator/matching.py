@@ -164,7 +164,8 @@ def describe_op(desc: tuple) -> str:
 
 def mismatch_message(comm, seq: int, steps: list) -> str:
     sigs = [signature(s.desc) for s in steps]
-    names = ("op", "datatype", "reduction", "root", "count", "step count", "number of steps")
+    names = ("op", "datatype", "reduction", "root", "count", "step count", "number of steps",
+             "reduction order (FAKEGPU_REDUCTION_ORDER)")
     differing = [names[i] for i in range(len(names)) if len({sig[i] for sig in sigs}) > 1]
     asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in steps)
     return (f"{comm.label()} collective #{seq}: members disagree on {', '.join(differing)}: {asked}")
