@@ -19,6 +19,9 @@ import numpy as np
 _CDEF = """
 int fakegpu_reduce_n(int datatype, int redop, const void* const* inputs, int n, void* out, uint64_t count,
                      const uint8_t* scalars);
+int fakegpu_reduce_n_planned(int datatype, int redop, int plan, const void* const* inputs, int n, void* out,
+                             uint64_t count, const uint8_t* scalars, uint64_t first, uint64_t plan_count);
+uint64_t fakegpu_gloo_chunk_elements(int plan, int n, uint64_t count, uint64_t elem_size);
 int fakegpu_reduce_symmetric(int datatype, int redop, const void* in, void* out, uint64_t count, int n,
                              const uint8_t* scalar, uint64_t exact_limit);
 """
@@ -48,7 +51,7 @@ def _library():
                 ffi.cdef(_CDEF)
                 lib = ffi.dlopen(path)
                 try:
-                    lib.fakegpu_reduce_n, lib.fakegpu_reduce_symmetric
+                    lib.fakegpu_reduce_n, lib.fakegpu_reduce_symmetric, lib.fakegpu_reduce_n_planned
                 except AttributeError:
                     raise NativeNumericsError(
                         f"{path} is not fakegpu's shim (it has no fakegpu_reduce_n); unset FAKEGPU_NCCL_LIBRARY "
@@ -74,6 +77,29 @@ def reduce_n(datatype: int, redop: int, inputs: Sequence[np.ndarray], out: np.nd
     raw = ffi.from_buffer(scalars) if scalars is not None else ffi.NULL
     if lib.fakegpu_reduce_n(datatype, redop, ptrs, len(inputs), _buffer(ffi, out, True), len(out), raw) != 0:
         raise NativeNumericsError(f"cannot reduce datatype {datatype} with redop {redop} over {len(inputs)} ranks")
+
+
+# Reduction plans (native/src/numerics/reduce_n.h, docs/numerics.md "Reduction order").
+PLAN_RANK, PLAN_GLOO_ALLREDUCE, PLAN_GLOO_REDUCE = 0, 1, 2
+
+
+def reduce_n_planned(datatype: int, redop: int, plan: int, inputs: Sequence[np.ndarray], out: np.ndarray,
+                     scalars: Optional[bytes], first: int, plan_count: int) -> None:
+    """reduce_n for elements [first, first + len(out)) of a ``plan_count``-element reduction
+    folded in ``plan``'s order (PLAN_RANK is reduce_n itself); ``inputs`` hold those elements."""
+    ffi, lib = _library()
+    keep = [_buffer(ffi, x) for x in inputs]
+    ptrs = ffi.new("const void*[]", [ffi.cast("const void*", k) for k in keep])
+    raw = ffi.from_buffer(scalars) if scalars is not None else ffi.NULL
+    if lib.fakegpu_reduce_n_planned(datatype, redop, plan, ptrs, len(inputs), _buffer(ffi, out, True), len(out),
+                                    raw, first, plan_count) != 0:
+        raise NativeNumericsError(f"cannot reduce datatype {datatype} with redop {redop} over {len(inputs)} ranks "
+                                  f"in plan {plan} (elements {first}+{len(out)} of {plan_count})")
+
+
+def gloo_chunk_elements(plan: int, n: int, count: int, elem_size: int) -> int:
+    """Elements per chunk of gloo's ring (plan 1 all-reduce, 2 reduce) of ``count`` elements."""
+    return int(_library()[1].fakegpu_gloo_chunk_elements(plan, n, count, elem_size))
 
 
 def reduce_symmetric(datatype: int, redop: int, x: np.ndarray, out: np.ndarray, n: int,

@@ -175,6 +175,10 @@ def cpp(spec) -> str:
             "",
             "// OpDesc.flags bits."]
     out += [f"constexpr uint8_t kOp{camel(n)} = 1u << {bit};  // {doc}" for n, bit, doc in spec.OP_FLAGS]
+    out.append(f"// OpDesc.flags bits {spec.OP_ORDER_SHIFT}..: the reduction order (docs/numerics.md).")
+    out.append(f"constexpr uint8_t kOpOrderShift = {spec.OP_ORDER_SHIFT};")
+    out.append(f"constexpr uint8_t kOpOrderMask = 0x{spec.OP_ORDER_MASK:02x};")
+    out += [f"constexpr uint8_t kOrder{camel(n)} = {code};  // {doc}" for code, n, doc in spec.OP_ORDERS]
     out.append("// GROUP.flags bits.")
     out += [f"constexpr uint32_t kGroup{camel(n)} = 1u << {bit};  // {doc}" for n, bit, doc in spec.GROUP_FLAGS]
     out.append(f"constexpr uint32_t kGroupIdShift = {spec.GROUP_ID_SHIFT};  // bits 16..31: the id of a group in several frames")
@@ -254,6 +258,9 @@ def python(spec) -> str:
             const("UNANSWERED", "frozenset({" + ", ".join(n for _c, n, _d, _b, p in spec.MESSAGES if p.get("unanswered")) + "})"),
             "", "# Flag bits."]
     out += [const(f"OP_FLAG_{n}", 1 << bit) + f"  # {doc}" for n, bit, doc in spec.OP_FLAGS]
+    out.append(const("OP_ORDER_SHIFT", spec.OP_ORDER_SHIFT))
+    out.append(const("OP_ORDER_MASK", f"0x{spec.OP_ORDER_MASK:02X}"))
+    out += [const(f"ORDER_{n}", code) + f"  # {doc}" for code, n, doc in spec.OP_ORDERS]
     out += [const(f"GROUP_FLAG_{n}", 1 << bit) + f"  # {doc}" for n, bit, doc in spec.GROUP_FLAGS]
     out.append(const("GROUP_ID_SHIFT", spec.GROUP_ID_SHIFT))
     out += [const(f"HELLO_FLAG_{n}", 1 << bit) + f"  # {doc}" for n, bit, doc in spec.HELLO_FLAGS]
@@ -319,12 +326,13 @@ def python(spec) -> str:
 def doc_tables(spec) -> dict:
     kinds = ", ".join(f"{c} {n}" for c, n, *_ in spec.KINDS)
     redops = ", ".join(f"{c} {nccl}" for c, _n, nccl in spec.REDOPS)
+    orders = ", ".join(f"{c} {doc}" for c, _n, doc in spec.OP_ORDERS)
     arrow = {"c2s": "c→s", "s2c": "s→c"}
     messages = ["| type | name | direction | body |", "|---|---|---|---|"]
     messages += [f"| {c} | {n} | {arrow[d]} | {body} |" for c, n, d, body, _p in spec.MESSAGES]
     offs, _ = offsets(spec.OPDESC)
     opdesc = ["| offset | type | field |", "|---|---|---|"]
-    opdesc += [f"| {off} | {t} | {doc.format(kinds=kinds, redops=redops)} |" for (_n, t, _s, doc), off in zip(spec.OPDESC, offs)]
+    opdesc += [f"| {off} | {t} | {doc.format(kinds=kinds, redops=redops, orders=orders)} |" for (_n, t, _s, doc), off in zip(spec.OPDESC, offs)]
 
     def length(blocks, root, note):
         if blocks == 0:

@@ -54,7 +54,8 @@ OPDESC = [
     ("datatype", "u8", "DTYPE", "datatype (`ncclDataType_t`, 0..11)"),
     ("redop", "u8", "REDOP", "redop: {redops}"),
     ("flags", "u8", "FLAGS", "flags: bit0 in place, bit1 first step of the call, bit2 last step of the call, "
-                    "bit3 **rejected** (see \"Matching\")"),
+                    "bit3 **rejected** (see \"Matching\"), bits 4-5 the reduction order: {orders} "
+                    "(see \"Reduction order\")"),
     ("root", "i32", "ROOT", "root (Broadcast/Reduce/Gather/Scatter) or peer (Send/Recv), rank in the communicator; "
                     "-1 otherwise"),
     ("total_count", "u64", "TOTAL", "total_count: the `count` the user passed"),
@@ -75,6 +76,13 @@ OPDESC = [
 OP_FLAGS = [("IN_PLACE", 0, "the call is in place"), ("FIRST_STEP", 1, "first step of its call"),
             ("LAST_STEP", 2, "last step of its call"),
             ("REJECTED", 3, "the shim rejected the call's arguments; the step keeps the rank's place in the order")]
+# The reduction order of a reducing step (OpDesc flags bits ORDER_SHIFT.., ORDER_MASK): code, NAME,
+# meaning. docs/numerics.md "Reduction order" gives the arithmetic (native/src/numerics/reduce_n.h).
+OP_ORDER_SHIFT = 4
+OP_ORDER_MASK = 0x30
+OP_ORDERS = [(0, "RANK", "rank order"),
+             (1, "GLOO_ALLREDUCE", "gloo's ring all-reduce over the call (ReduceScatter: over its n·count input)"),
+             (2, "GLOO_REDUCE", "gloo's ring reduce over the call")]
 GROUP_FLAGS = [("PARTIAL", 0, "more frames of this group follow"),
                ("UNANSWERED", 1, "rejected placeholders sent outside a group: never answered")]
 GROUP_ID_SHIFT = 16  # GROUP flags bits 16..31: the id of a group sent in several frames (0: one frame)

@@ -127,7 +127,19 @@ def signature(desc: tuple) -> tuple:
     the slot's key: match_seq, step_index)."""
     kind = desc[D_KIND]
     return (kind, desc[D_DTYPE], desc[D_REDOP] if kind in _REDUCING else 0,
-            desc[D_ROOT] if kind in _ROOTED else -1, desc[D_TOTAL], desc[D_STEP], desc[D_STEP_TOTAL])
+            desc[D_ROOT] if kind in _ROOTED else -1, desc[D_TOTAL], desc[D_STEP], desc[D_STEP_TOTAL],
+            order_of(desc))
+
+
+_ORDER_NAMES = {P.ORDER_RANK: "rank order", P.ORDER_GLOO_ALLREDUCE: "gloo all-reduce order",
+                P.ORDER_GLOO_REDUCE: "gloo reduce order"}
+
+
+def order_of(desc: tuple) -> int:
+    """The reduction order of a reducing step (OpDesc flags bits 4-5); 0 for other kinds."""
+    if desc[D_KIND] not in _REDUCING:
+        return 0
+    return (desc[D_FLAGS] & P.OP_ORDER_MASK) >> P.OP_ORDER_SHIFT
 
 
 def describe_op(desc: tuple) -> str:
@@ -136,6 +148,8 @@ def describe_op(desc: tuple) -> str:
     parts = [P.KIND_NAMES.get(kind, f"kind {kind}"), dt.name if dt else f"datatype {desc[D_DTYPE]}"]
     if kind in _REDUCING:
         parts.append(P.REDOP_NAMES.get(desc[D_REDOP], f"redop {desc[D_REDOP]}"))
+        if order_of(desc):
+            parts.append(f"[{_ORDER_NAMES.get(order_of(desc), f'order {order_of(desc)}')}]")
     parts.append(f"count={desc[D_TOTAL]}")
     if desc[D_STEP_TOTAL] != 1:
         parts.append(f"step {desc[D_STEP_INDEX] + 1} of {desc[D_STEP_TOTAL]} (step_count={desc[D_STEP]})")
@@ -150,7 +164,8 @@ def describe_op(desc: tuple) -> str:
 
 def mismatch_message(comm, seq: int, steps: list) -> str:
     sigs = [signature(s.desc) for s in steps]
-    names = ("op", "datatype", "reduction", "root", "count", "step count", "number of steps")
+    names = ("op", "datatype", "reduction", "root", "count", "step count", "number of steps",
+             "reduction order (FAKEGPU_REDUCTION_ORDER)")
     differing = [names[i] for i in range(len(names)) if len({sig[i] for sig in sigs}) > 1]
     asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in steps)
     return (f"{comm.label()} collective #{seq}: members disagree on {', '.join(differing)}: {asked}")
@@ -182,10 +197,10 @@ def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
         return _validate_shape(desc, member, not accounted), None
     if accounted:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks,
-               desc[D_STEP_TOTAL])
-    else:
+               desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
+    else:  # the order bits too: they are part of the signature and checked
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-               member.rank, member.comm.nranks, desc[D_STEP_TOTAL])
+               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member, not accounted), signature(desc))
@@ -208,6 +223,8 @@ def _validate_shape(desc: tuple, member, check_lengths: bool = True) -> Optional
         return f"unknown datatype {desc[D_DTYPE]} (valid: 0..11)"
     if kind in _REDUCING and desc[D_REDOP] not in P.REDOP_NAMES:
         return f"unknown reduction {desc[D_REDOP]} (valid: 0..5)"
+    if order_of(desc) not in _ORDER_NAMES:
+        return f"unknown reduction order {order_of(desc)} in flags bits 4-5 (valid: 0..2)"
     n = member.comm.nranks
     root = desc[D_ROOT]
     if (kind in _ROOTED or kind in P.P2P_KINDS) and not 0 <= root < n:

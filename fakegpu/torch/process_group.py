@@ -96,6 +96,17 @@ def _for_ddp_join() -> bool:
 _JOIN_CODE = False
 
 
+def _reduction_order_is_gloo() -> bool:
+    """Whether this process's communicators reduce in gloo's order. The torch backend defaults
+    the process to ``FAKEGPU_REDUCTION_ORDER=gloo`` (set in the environment, where the shim reads
+    it as each communicator is created), so that a fake-CUDA "nccl" job sums floats exactly as a
+    CPU gloo run of torch 2.13 does (docs/torch.md, "Numerics"); ``rank`` keeps rank order."""
+    value = os.environ.get("FAKEGPU_REDUCTION_ORDER", "").strip()
+    if not value:
+        os.environ["FAKEGPU_REDUCTION_ORDER"] = value = "gloo"
+    return value.lower() == "gloo"
+
+
 class _Contiguous:
     """A contiguous stand-in for a tensor; ``commit()`` copies results back if it was a copy."""
 
@@ -160,6 +171,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         self._stream_: Optional[Stream] = None
         self._split_count = 0
         self._closed = False
+        # Before any communicator of this group exists: the shim reads the order at creation.
+        self._gloo_order = _reduction_order_is_gloo()
         # Tell torch this group serves CPU tensors (no C++ backend object behind it): that is
         # what _get_pg_default_device() and the object collectives read.
         try:
@@ -309,6 +322,19 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if self._gloo_order and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
+            # gloo all-reduces the flattened concatenation as one buffer (its chunks span the
+            # tensors); the coalescing manager's all_reduces arrive here too.
+            flat = _Contiguous(_flat_cat(tensors))
+
+            def scatter_back():
+                offset = 0
+                for t in tensors:
+                    t.copy_(flat.tensor[offset:offset + t.numel()].view(t.shape))
+                    offset += t.numel()
+
+            return self._run("allreduce_coalesced", lambda comm: self._all_reduce_into(comm, [flat], reduce_op),
+                             tensors, after=scatter_back)
         items = [_Contiguous(t) for t in tensors]
         return self._run("allreduce_coalesced",
                          lambda comm: self._all_reduce_into(comm, items, reduce_op), tensors,
@@ -472,9 +498,26 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
                          after=self._commit_all([out for out, _ in items]))
 
+    def _reduce_scatter_per_block(self, output_tensors, input_lists, reduce_op):
+        """gloo's list-form reduce_scatter: one all-reduce of each of the world input tensors
+        (chunked over its n elements, not over the whole n·world), keeping the rank's own."""
+        rank = self.rank()
+        blocks = [[_Contiguous(b.to(out.dtype).clone()) for b in lst] for out, lst in zip(output_tensors, input_lists)]
+
+        def after():
+            for out, lst in zip(output_tensors, blocks):
+                out.copy_(lst[rank].buffer.view(out.shape) if not out.is_complex() else
+                          torch.view_as_complex(lst[rank].buffer).view(out.shape))
+
+        return self._run("reduce_scatter", lambda comm: self._all_reduce_into(comm, [b for lst in blocks for b in lst],
+                                                                              reduce_op),
+                         output_tensors, grouped=True, after=after)
+
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         self._check_lists("reduce_scatter", input_lists, output_tensors)
+        if self._gloo_order:
+            return self._reduce_scatter_per_block(output_tensors, input_lists, reduce_op)
         pairs = [(out, _flat_cat(blocks).to(out.dtype)) for out, blocks in zip(output_tensors, input_lists)]
         return self._reduce_scatter_pairs("reduce_scatter", pairs, reduce_op)
 

@@ -75,7 +75,13 @@ def _worker(outdir: str) -> None:
         pg_options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
                                for _ in range(ndev)]
         pg_options._threads = int(os.environ.get("GLOO_ORDER_PROBE_THREADS", "2"))
-    dist.init_process_group("gloo", rank=rank, world_size=world, pg_options=pg_options)
+    # GLOO_ORDER_PROBE_BACKEND=fakegpu runs the same cases through fakegpu's torch backend (the
+    # caller passes the coordinator's environment): tests/test_reduction_order.py.
+    backend = os.environ.get("GLOO_ORDER_PROBE_BACKEND", "gloo")
+    if backend == "fakegpu":
+        import fakegpu.torch  # noqa: F401 (registers the backend)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            **({"pg_options": pg_options} if pg_options is not None else {}))
     cases = json.loads(Path(outdir, "cases.json").read_text())
     ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
            "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}

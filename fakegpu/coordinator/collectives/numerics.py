@@ -84,26 +84,42 @@ def run_in_parallel(count: int, bytes_per_element: int, work, align: int = 4096)
         raise error
 
 
+def step_offset(step_index: int, step_total: int, step_count: int, total_count: int) -> int:
+    """The element offset of a step in its call: every step but the last holds step_count
+    elements (docs/protocol.md "Steps"), the last one the rest."""
+    return total_count - step_count if step_index + 1 >= step_total else step_index * step_count
+
+
 def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
-                scalars: Optional[Sequence[bytes]] = None) -> None:
+                scalars: Optional[Sequence[bytes]] = None, plan: int = 0, first: int = 0,
+                plan_count: int = 0) -> None:
     """Reduce ``inputs`` (one typed array per rank, rank order) into ``outputs[0]`` and copy
     the result into every other output. All arrays have the same length and dtype ``dt.np``;
     outputs must not overlap inputs. The arithmetic is the shim's (fakegpu/native_numerics.py):
     the same code reduces in the arenas and in fake mode; large payloads are cut into pieces
-    reduced by several threads (the native call runs without the GIL)."""
+    reduced by several threads (the native call runs without the GIL).
+
+    ``plan`` (native_numerics.PLAN_*): the reduction order; for a gloo plan the arrays hold
+    elements [first, first + len) of a reduction of ``plan_count`` elements, whose chunks the
+    plan is cut by (docs/numerics.md "Reduction order")."""
     count = len(outputs[0])
     if count == 0:
         return
-    first = outputs[0]
     # One 8-byte slot per rank, the value left-aligned (the OpDesc scalar field).
     raw = b"".join(bytes(s).ljust(8, b"\0") for s in scalars) if redop == P.REDOP_PREMULSUM else None
-    if count * dt.size * (len(inputs) + len(outputs)) < PARALLEL_MIN_BYTES:
-        native_numerics.reduce_n(dt.code, redop, inputs, first, raw)
+    out0 = outputs[0]
+    if plan == native_numerics.PLAN_RANK:
+        def work(lo, hi):
+            native_numerics.reduce_n(dt.code, redop, [x[lo:hi] for x in inputs], out0[lo:hi], raw)
     else:
-        run_in_parallel(count, dt.size * (len(inputs) + len(outputs)),
-                        lambda lo, hi: native_numerics.reduce_n(dt.code, redop, [x[lo:hi] for x in inputs],
-                                                                first[lo:hi], raw))
+        def work(lo, hi):
+            native_numerics.reduce_n_planned(dt.code, redop, plan, [x[lo:hi] for x in inputs], out0[lo:hi], raw,
+                                             first + lo, plan_count)
+    if count * dt.size * (len(inputs) + len(outputs)) < PARALLEL_MIN_BYTES:
+        work(0, count)
+    else:
+        run_in_parallel(count, dt.size * (len(inputs) + len(outputs)), work)
     for r in outputs[1:]:
-        np.copyto(r, first)
+        np.copyto(r, out0)
 
 

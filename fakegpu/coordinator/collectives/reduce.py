@@ -4,5 +4,6 @@ from __future__ import annotations
 from .numerics import reduce_into
 
 
-def execute(dt, redop, count, root, ins, outs, scalars):
-    reduce_into(dt, redop, [x.view(dt.np) for x in ins], [outs[root].view(dt.np)], scalars)
+def execute(dt, redop, count, root, ins, outs, scalars, order=(0, 0, 0)):
+    plan, offset, total = order  # as in allreduce.execute
+    reduce_into(dt, redop, [x.view(dt.np) for x in ins], [outs[root].view(dt.np)], scalars, plan, offset, total)

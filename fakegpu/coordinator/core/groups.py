@@ -16,8 +16,11 @@ from fakegpu.coordinator.collectives import EXECUTORS
 from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,
                                           D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR,
-                                          D_STEP, D_STEP_INDEX, FailedCall, GroupState, Slot, SplitGroup,
-                                          Step, describe_op, ends_call, mismatch_message, validate)
+                                          D_STEP, D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL, FailedCall, GroupState,
+                                          Slot, SplitGroup,
+                                          Step, describe_op, ends_call, mismatch_message, order_of,
+                                          validate)
+from fakegpu.coordinator.collectives.numerics import step_offset
 from fakegpu.coordinator.registry import Client, Comm, Member
 
 from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
@@ -401,8 +404,12 @@ class GroupsMixin:
             outs.append(c.outp[d[D_OUT_OFF]:d[D_OUT_OFF] + d[D_OUT_LEN]])
         redop = first[D_REDOP]
         scalars = [s.desc[D_SCALAR] for s in steps] if redop == _PREMUL else None
-        job = Execution(self, slot, first, dt, EXECUTORS[kind],
-                        (dt, redop, first[D_STEP], first[D_ROOT], ins, outs, scalars),
+        args = (dt, redop, first[D_STEP], first[D_ROOT], ins, outs, scalars)
+        order = order_of(first)
+        if order:  # the plan is over the call's global element indices (docs/numerics.md)
+            args += ((order, step_offset(first[D_STEP_INDEX], first[D_STEP_TOTAL], first[D_STEP], first[D_TOTAL]),
+                      first[D_TOTAL]),)
+        job = Execution(self, slot, first, dt, EXECUTORS[kind], args,
                         sum(len(x) for x in ins) + sum(len(y) for y in outs))
         queue = self._executing.get(comm.id)
         if queue is not None:      # an earlier collective of this communicator is still running

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nccl.h"
+#include "core/env.h"
 
 namespace fakegpu {
 namespace local {
@@ -43,6 +44,9 @@ struct ncclComm {
   std::vector<int> global_ranks;  // global rank of each member (report attribution)
   int cuda_device = 0;
   fakegpu::CommConfig config;
+  // FAKEGPU_REDUCTION_ORDER=gloo when the communicator was created: its reducing steps carry a
+  // gloo order in their OpDesc flags (wire/staging.cc) and the arenas fold in that order.
+  bool gloo_order = fakegpu::env::gloo_reduction_order();
 
   // ncclSuccess once usable; ncclInProgress while a non-blocking init/split runs; else the
   // init failure.

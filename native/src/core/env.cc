@@ -1,6 +1,8 @@
 #include "core/env.h"
 
+#include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +12,16 @@
 #include <unistd.h>
 
 namespace fakegpu::env {
+
+bool gloo_reduction_order() {
+  const char* v = getenv("FAKEGPU_REDUCTION_ORDER");
+  if (!v || !*v || strcasecmp(v, "rank") == 0) return false;
+  if (strcasecmp(v, "gloo") == 0) return true;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    fprintf(stderr, "fakegpu: FAKEGPU_REDUCTION_ORDER=%s is neither `rank` nor `gloo`; reducing in rank order\n", v);
+  return false;
+}
 
 std::string str(const char* name, const char* fallback) {
   const char* v = getenv(name);

@@ -14,6 +14,12 @@ long long integer(const char* name, long long fallback, bool* bad = nullptr);
 bool bytes(const char* text, uint64_t* out);
 bool flag(const char* name);  // set to something other than "", "0", "false", "no"
 
+// FAKEGPU_REDUCTION_ORDER, read when a communicator is created: true for `gloo` (reduce as
+// torch 2.13's CPU gloo associates, docs/numerics.md "Reduction order"), false for `rank`, unset
+// or empty. Another value says so on stderr (once per process) and means `rank`: a communicator
+// being created cannot fail on one member alone without leaving the others waiting.
+bool gloo_reduction_order();
+
 // The token-file rule (docs/usage.md, "Token files"; the coordinator's copy is
 // fakegpu/env.py token_from_file_contents, and tests/vectors/token_file_vectors.json pins both): the
 // file's bytes without ASCII whitespace (space, \t \n \r \v \f) at either end, which must leave

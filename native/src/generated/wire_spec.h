@@ -134,6 +134,12 @@ constexpr uint8_t kOpInPlace = 1u << 0;  // the call is in place
 constexpr uint8_t kOpFirstStep = 1u << 1;  // first step of its call
 constexpr uint8_t kOpLastStep = 1u << 2;  // last step of its call
 constexpr uint8_t kOpRejected = 1u << 3;  // the shim rejected the call's arguments; the step keeps the rank's place in the order
+// OpDesc.flags bits 4..: the reduction order (docs/numerics.md).
+constexpr uint8_t kOpOrderShift = 4;
+constexpr uint8_t kOpOrderMask = 0x30;
+constexpr uint8_t kOrderRank = 0;  // rank order
+constexpr uint8_t kOrderGlooAllreduce = 1;  // gloo's ring all-reduce over the call (ReduceScatter: over its n·count input)
+constexpr uint8_t kOrderGlooReduce = 2;  // gloo's ring reduce over the call
 // GROUP.flags bits.
 constexpr uint32_t kGroupPartial = 1u << 0;  // more frames of this group follow
 constexpr uint32_t kGroupUnanswered = 1u << 1;  // rejected placeholders sent outside a group: never answered

@@ -69,12 +69,14 @@ bool is_local_kind(uint8_t kind) { return proto::kind_info(kind).local; }
 bool rooted(uint8_t kind) { return proto::kind_info(kind).rooted; }
 
 // The fields of two OpDescs that the members must agree on (the coordinator's matching rule):
-// kind, datatype, redop, root, count and the call's place in the matching order. Offsets per
+// kind, datatype, redop, root, count, the reduction order and the call's place in the matching
+// order. Offsets per
 // docs/protocol.md's OpDesc table.
 bool same_call(const uint8_t* a, const uint8_t* b) {
   namespace o = proto::opdesc;
   static_assert(o::kDatatype == o::kKind + 1 && o::kRedop == o::kKind + 2, "kind, datatype, redop side by side");
   return memcmp(a + o::kKind, b + o::kKind, 3) == 0 && memcmp(a + o::kRoot, b + o::kRoot, 4) == 0 &&
+         ((a[o::kFlags] ^ b[o::kFlags]) & proto::kOpOrderMask) == 0 &&
          memcmp(a + o::kTotalCount, b + o::kTotalCount, 8) == 0 && memcmp(a + o::kMatchSeq, b + o::kMatchSeq, 4) == 0;
 }
 
@@ -235,7 +237,9 @@ void reduce_slice(const CollCall& c, const Arena& a, const Round& rd, size_t s, 
   thread_local std::vector<const void*> inputs;
   inputs.resize(n);
   for (int r = 0; r < n; r++) inputs[r] = a.input_slot(rd.round, r) + lo * s;
-  reduce_n(c.datatype, c.redop, inputs.data(), n, a.output_slot(rd.round) + lo * s, hi - lo, scalars);
+  // The order's plan is over the call's elements: this slice is elements rd.off + lo.. of it.
+  reduce_n_planned(c.datatype, c.redop, reduction_order(c), inputs.data(), n, a.output_slot(rd.round) + lo * s,
+                   hi - lo, scalars, rd.off + lo, c.count);
 }
 
 void copy_out_sliced(const CollCall& c, const Arena& a, const Round& rd, size_t s) {
@@ -259,12 +263,16 @@ void compute_direct(const CollCall& c, const Arena& a, const Round& rd, size_t s
       return;
     case proto::kReduceScatter:
       for (int r = 0; r < n; r++) inputs[r] = a.input_slot(rd.round, r) + me * rd.cnt * s;
-      reduce_n(c.datatype, c.redop, inputs.data(), n, recv + rd.off * s, rd.cnt, scalars);
+      // A gloo order's plan covers the whole n·count input, as torch's gloo reduce_scatter_tensor
+      // all-reduces it: this rank's block starts at element me·count.
+      reduce_n_planned(c.datatype, c.redop, reduction_order(c), inputs.data(), n, recv + rd.off * s, rd.cnt, scalars,
+                       static_cast<uint64_t>(me) * c.count + rd.off, static_cast<uint64_t>(n) * c.count);
       return;
     default:  // AllReduce, Reduce
       if (c.kind == proto::kReduce && me != c.root) return;
       for (int r = 0; r < n; r++) inputs[r] = a.input_slot(rd.round, r);
-      reduce_n(c.datatype, c.redop, inputs.data(), n, recv + rd.off * s, rd.cnt, scalars);
+      reduce_n_planned(c.datatype, c.redop, reduction_order(c), inputs.data(), n, recv + rd.off * s, rd.cnt, scalars,
+                       rd.off, c.count);
   }
 }
 

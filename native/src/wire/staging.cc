@@ -7,13 +7,23 @@
 
 namespace fakegpu {
 
+uint8_t reduction_order(const CollCall& c) {
+  if (!c.comm->gloo_order) return proto::kOrderRank;
+  switch (c.kind) {
+    case proto::kAllReduce: case proto::kReduceScatter: return proto::kOrderGlooAllreduce;
+    case proto::kReduce: return proto::kOrderGlooReduce;
+    default: return proto::kOrderRank;
+  }
+}
+
 void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpDescSize]) {
   proto::OpDesc d;
   d.comm_handle = c.comm->handle;
   d.kind = c.kind;
   d.datatype = c.datatype;
   d.redop = c.redop;
-  d.flags = static_cast<uint8_t>(st.flags | (c.in_place ? proto::kOpInPlace : 0));
+  d.flags = static_cast<uint8_t>(st.flags | (c.in_place ? proto::kOpInPlace : 0) |
+                                 (c.rejected ? 0 : reduction_order(c) << proto::kOpOrderShift));
   d.root = c.root;
   d.total_count = c.count;
   d.step_count = st.cnt;

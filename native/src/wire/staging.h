@@ -32,6 +32,10 @@ inline uint64_t block_factor(uint8_t kind, int nranks) {
 // when the collective runs, as NCCL does).
 void encode_step_desc(const CollCall& c, const Step& st, uint8_t out[proto::kOpDescSize]);
 
+// The reduction order (proto::kOrder*) of call `c`'s steps: its communicator's order for the
+// reducing kinds (AllReduce and ReduceScatter: gloo's all-reduce ring, Reduce: its reduce ring).
+uint8_t reduction_order(const CollCall& c);
+
 // This rank's in_len/out_len for `cnt` elements of call `c`.
 void step_lengths(const CollCall& c, uint64_t cnt, uint64_t* in_len, uint64_t* out_len);
 
