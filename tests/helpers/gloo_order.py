@@ -286,3 +286,20 @@ def simulate_reduce(inputs: Sequence[np.ndarray], op: str = "sum", root: int = 0
             b, e = min(k * chunk, count), min((k + 1) * chunk, count)
             xs[root][b:e] = xs[k][b:e]
     return xs
+
+
+def expected(case: dict, xs: Sequence[np.ndarray], world: int) -> List[np.ndarray]:
+    """What gloo gives each (group) rank for a probe ``case`` (tests/helpers/gloo_probe.py:
+    ``coll``, ``op``, ``root``); ``xs`` are the ranks' flat inputs in group-rank order.
+    Coalesced all-reduces are one all-reduce of the concatenation, as in gloo."""
+    coll, op = case["coll"], case["op"]
+    if coll in ("all_reduce", "all_reduce_coalesced"):
+        return all_reduce(xs, op)
+    if coll == "reduce_scatter_tensor":
+        return reduce_scatter_tensor(xs, op)
+    if coll == "reduce_scatter":
+        n = xs[0].size // world
+        return reduce_scatter([[x[j * n:(j + 1) * n] for j in range(world)] for x in xs], op)
+    if coll == "reduce":
+        return reduce(xs, op, case["root"])
+    raise ValueError(f"no gloo model for {coll!r}")

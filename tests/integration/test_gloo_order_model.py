@@ -94,17 +94,7 @@ def _cases(world):
 
 def _model(case, xs, world):
     """What gloo_order says each (group) rank gets; xs in group-rank order."""
-    coll, op = case["coll"], case["op"]
-    if coll in ("all_reduce", "all_reduce_coalesced"):  # coalesced: one all-reduce of the concatenation
-        return G.all_reduce(xs, op)
-    if coll == "reduce_scatter_tensor":
-        return G.reduce_scatter_tensor(xs, op)
-    if coll == "reduce_scatter":
-        n = xs[0].size // world
-        return G.reduce_scatter([[x[j * n:(j + 1) * n] for j in range(world)] for x in xs], op)
-    if coll == "reduce":
-        return G.reduce(xs, op, case["root"])
-    raise AssertionError(coll)
+    return G.expected(case, xs, world)
 
 
 @pytest.mark.torch

@@ -137,18 +137,10 @@ def _cases(world):
 def _want(case, xs, world):
     """Each rank's result by the gloo model (None where fakegpu's Reduce leaves the non-root
     tensors alone: gloo leaves partial sums there, NCCL's Reduce nothing defined)."""
-    coll, op = case["coll"], case["op"]
-    if coll in ("all_reduce", "all_reduce_coalesced"):
-        return G.all_reduce(xs, op)
-    if coll == "reduce_scatter_tensor":
-        return G.reduce_scatter_tensor(xs, op)
-    if coll == "reduce_scatter":
-        n = xs[0].size // world
-        return G.reduce_scatter([[x[j * n:(j + 1) * n] for j in range(world)] for x in xs], op)
-    if coll == "reduce":
-        root = case["root"]
-        return [G.reduce(xs, op, root)[root] if r == root else None for r in range(world)]
-    raise AssertionError(coll)
+    want = G.expected(case, xs, world)
+    if case["coll"] == "reduce":
+        return [w if r == case["root"] else None for r, w in enumerate(want)]
+    return want
 
 
 def _rank_order(case, xs, world):
