@@ -451,11 +451,7 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
     inter_eff = topo.inter_node.efficiency or _eff(topo.inter_node.type)
     load: dict[tuple, float] = defaultdict(float)
     capacity: dict[tuple, float] = {}
-    # GPUs of the communicator per node: channels spread a node's network traffic over them
-    gpus_on: dict[int, set[int]] = defaultdict(set)
-    for a, b in plan.edges:
-        gpus_on[topo.node_of(a)].add(a)
-        gpus_on[topo.node_of(b)].add(b)
+    node_pcie: Optional[dict[int, float]] = None   # made on the first spread network edge
     for (a, b), nbytes in plan.edges.items():
         if nbytes <= 0 or a == b:
             continue
@@ -490,20 +486,20 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
             # link, whichever NIC it is: however many NICs a node has, a GPU moves no more than
             # its PCIe rate over the network (one H100 with four 400G NICs reaches ~one NIC's
             # worth, NVIDIA/nccl-tests issue 232). Spread channels share the node's GPUs' links.
-            pcie = lambda r: topo.gpu_of(r).pcie_gbs * 1e9 * _eff("pcie")  # noqa: E731
             if plan.spread:
-                ends += ((("net_pcie_out", na), sum(pcie(r) for r in gpus_on[na])),
-                         (("net_pcie_in", nb), sum(pcie(r) for r in gpus_on[nb])))
+                if node_pcie is None:
+                    node_pcie = _node_pcie_bytes_per_s(plan, topo)
+                ends += ((("net_pcie_out", na), node_pcie[na]), (("net_pcie_in", nb), node_pcie[nb]))
             else:
-                ends += ((("gpu_pcie_out", a), pcie(a)), (("gpu_pcie_in", b), pcie(b)))
+                ends += ((("gpu_pcie_out", a), _gpu_pcie_bytes_per_s(topo, a)),
+                         (("gpu_pcie_in", b), _gpu_pcie_bytes_per_s(topo, b)))
         if na != nb and not gpudirect:
             # Without GPUDirect RDMA the bytes are staged in host memory: the GPU writes them
             # there and the NIC reads them (the receiver the other way round), so each crosses
             # the GPU's PCIe link to the host twice, once in each direction. A GPU sending and
             # receiving at once carries its network traffic twice per direction ("~halves",
             # the NCCL maintainers say of a GPU and NIC on one PCIe switch, NVIDIA/nccl 638).
-            ends += tuple((("host_staging", r), topo.gpu_of(r).pcie_gbs * 1e9 * _eff("pcie"))
-                          for r in (a, b))
+            ends += tuple((("host_staging", r), _gpu_pcie_bytes_per_s(topo, r)) for r in (a, b))
         if na != nb:
             # slow_link faults (docs/faults.md): the pair's bytes count factor times.
             nbytes *= topo.link_factor(na, nb)
@@ -517,6 +513,20 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
         per_round = max(plan.edges.values())
         return plan.rounds * per_round / min(capacity.values())
     return max(load[key] / capacity[key] for key in load)
+
+
+def _gpu_pcie_bytes_per_s(topo: "Topology", rank: int) -> float:
+    """What NCCL reaches over ``rank``'s own PCIe link to the host and its NICs, each way."""
+    return topo.gpu_of(rank).pcie_gbs * 1e9 * _eff("pcie")
+
+
+def _node_pcie_bytes_per_s(plan: _Plan, topo: "Topology") -> dict[int, float]:
+    """Per node, the PCIe links of the plan's GPUs there, summed: spread channels share them."""
+    gpus_on: dict[int, set[int]] = defaultdict(set)
+    for edge in plan.edges:
+        for r in edge:
+            gpus_on[topo.node_of(r)].add(r)
+    return {node: sum(_gpu_pcie_bytes_per_s(topo, r) for r in gpus) for node, gpus in gpus_on.items()}
 
 
 def _rail(topo: "Topology", rank: int, node_index: int) -> tuple[int, float]:

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "generated/wire_spec.h"
 #include "numerics/fake_numerics.h"
 
 // Products feeding sums must round on their own, as numpy's do: no fused multiply-add.
@@ -424,12 +425,11 @@ bool reduce_n_planned(int datatype, int redop, int plan, const void* const* inpu
                       uint64_t count, const uint8_t (*scalars)[8], uint64_t first, uint64_t plan_count) {
   if (plan < kPlanRank || plan > kPlanGlooReduce) return false;
   if (plan == kPlanRank || n <= 1) return reduce_n(datatype, redop, inputs, n, out, count, scalars);
-  if (datatype < 0 || datatype > 11 || redop < kSum || redop > kPreMulSum) return false;
+  const uint64_t s = proto::datatype_size(datatype);  // 0: no datatype
+  if (s == 0 || redop < kSum || redop > kPreMulSum) return false;
   if (redop == kPreMulSum && scalars == nullptr) return false;
   if (count == 0) return true;
   if (first + count > plan_count) return false;
-  static constexpr uint8_t kSize[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};  // ncclDataType_t order
-  const uint64_t s = kSize[datatype];
   const uint64_t chunk = gloo_chunk_elements(plan, n, plan_count, s);
   const bool stepwise = (datatype == 6 || datatype == 9) && (redop == kSum || redop == kProd || redop == kAvg);
   thread_local std::vector<const void*> order;
