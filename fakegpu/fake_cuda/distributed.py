@@ -106,10 +106,24 @@ def _collectives_below_the_modes() -> None:
         if method is None or getattr(method, "_below_modes", False):
             continue
 
-        @functools.wraps(method)
-        def run(self, *args, _method=method, **kwargs):
-            with torch._C.DisableTorchFunction(), _disable_current_modes():
-                return _method(self, *args, **kwargs)
+        run_now = getattr(method, "now", None)
+        if run_now is not None:
+            # A blocking call the caller's thread runs at once (fakegpu.torch.now) makes no
+            # tensors, so only the torch-function mode (its tensor queries) is turned off;
+            # turning the dispatch modes off and on would cost more than the call.
+            @functools.wraps(method)
+            def run(self, *args, _now=run_now, _queued=method.queued, **kwargs):
+                with torch._C.DisableTorchFunction():
+                    work = _now(self, *args, **kwargs)
+                if work is not None:
+                    return work
+                with torch._C.DisableTorchFunction(), _disable_current_modes():
+                    return _queued(self, *args, **kwargs)
+        else:
+            @functools.wraps(method)
+            def run(self, *args, _method=method, **kwargs):
+                with torch._C.DisableTorchFunction(), _disable_current_modes():
+                    return _method(self, *args, **kwargs)
 
         run._below_modes = True
         setattr(FakeGpuProcessGroup, name, run)

@@ -69,6 +69,14 @@ class Reduction:
     premul_factor: Optional[float] = None
 
 
+# NCCL has no logical ops; on 0/1 bytes, any/all are max/min (ProcessGroupNCCL does this too).
+_BOOL_OPS = {_OP_TYPES.SUM: RedOp.max, _OP_TYPES.MAX: RedOp.max, _OP_TYPES.BOR: RedOp.max,
+             _OP_TYPES.PRODUCT: RedOp.min, _OP_TYPES.MIN: RedOp.min, _OP_TYPES.BAND: RedOp.min}
+_BUILTIN_OPS = {_OP_TYPES.SUM: RedOp.sum, _OP_TYPES.AVG: RedOp.avg, _OP_TYPES.PRODUCT: RedOp.prod,
+                _OP_TYPES.MIN: RedOp.min, _OP_TYPES.MAX: RedOp.max}
+_COMPLEX_OPS = (_OP_TYPES.SUM, _OP_TYPES.AVG)
+
+
 def reduction_of(reduce_op, dtype: torch.dtype) -> Reduction:
     """Translate a ``dist.ReduceOp`` (from an options struct) for tensors of ``dtype``."""
     op_type = getattr(reduce_op, "op", reduce_op)  # ReduceOp wraps a RedOpType
@@ -81,18 +89,24 @@ def reduction_of(reduce_op, dtype: torch.dtype) -> Reduction:
         if dtype.is_complex:
             raise TypeError("fakegpu: PREMUL_SUM on complex tensors is not supported")
         return Reduction(RedOp.sum, float(factor))
-    if dtype == torch.bool:
-        # NCCL has no logical ops; on 0/1 bytes, any/all are max/min (ProcessGroupNCCL does this too).
-        bool_ops = {_OP_TYPES.SUM: RedOp.max, _OP_TYPES.MAX: RedOp.max, _OP_TYPES.BOR: RedOp.max,
-                    _OP_TYPES.PRODUCT: RedOp.min, _OP_TYPES.MIN: RedOp.min,
-                    _OP_TYPES.BAND: RedOp.min}
-        if op_type in bool_ops:
-            return Reduction(bool_ops[op_type])
-    builtin = {_OP_TYPES.SUM: RedOp.sum, _OP_TYPES.AVG: RedOp.avg, _OP_TYPES.PRODUCT: RedOp.prod,
-               _OP_TYPES.MIN: RedOp.min, _OP_TYPES.MAX: RedOp.max}
-    if op_type not in builtin:
+    if dtype == torch.bool and op_type in _BOOL_OPS:
+        return Reduction(_BOOL_OPS[op_type])
+    if op_type not in _BUILTIN_OPS:
         raise ValueError(f"fakegpu: reduce op {op_type.name} is not supported by NCCL "
                          f"(for {dtype} tensors)")
-    if dtype.is_complex and op_type not in (_OP_TYPES.SUM, _OP_TYPES.AVG):
+    if dtype.is_complex and op_type not in _COMPLEX_OPS:
         raise ValueError(f"fakegpu: reduce op {op_type.name} is not defined for complex tensors")
-    return Reduction(builtin[op_type])
+    return Reduction(_BUILTIN_OPS[op_type])
+
+
+def builtin_op_of(reduce_op) -> Optional[RedOp]:
+    """The NCCL op of a plain builtin ``reduce_op`` (None for PreMulSum and ops NCCL lacks,
+    which take the general path of :func:`reduction_of`), for tensors whose dtype
+    :func:`native_dtype_of` accepts."""
+    return _BUILTIN_OPS.get(getattr(reduce_op, "op", reduce_op))
+
+
+def native_dtype_of(tensor: torch.Tensor) -> Optional[DataType]:
+    """The NCCL datatype of a tensor NCCL handles as it is (not bool, complex or raw bytes)."""
+    dtype = tensor.dtype
+    return None if dtype == torch.bool else _NATIVE.get(dtype)

@@ -24,6 +24,7 @@ Design notes
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
 
+from . import now
 from ._types import Buffer, Reduction, buffer_of, reduction_of
 from .work import FakeGpuWork, Op, Stream, Task, backend_error
 
@@ -94,6 +96,23 @@ def _for_ddp_join() -> bool:
 
 
 _JOIN_CODE = False
+
+
+def _tries_now(run_now):
+    """The operation first tries ``run_now(group, ...)`` (:mod:`fakegpu.torch.now`: a blocking
+    call run at once on the caller's thread), and takes the decorated, queued path when that
+    answers None.  Both halves stay reachable (``.now``, ``.queued``) for wrappers that must
+    treat them differently (fakegpu.fake_cuda.distributed)."""
+    def decorate(queued):
+        @functools.wraps(queued)
+        def operation(self, *args, **kwargs):
+            work = run_now(self, *args, **kwargs)
+            return work if work is not None else queued(self, *args, **kwargs)
+
+        operation.now = run_now
+        operation.queued = queued
+        return operation
+    return decorate
 
 
 def _reduction_order_is_gloo() -> bool:
@@ -311,6 +330,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                 if temp is not None:
                     comm.destroy_op(temp)
 
+    @_tries_now(now.allreduce)
     def allreduce(self, tensors, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if any(t.is_sparse for t in tensors):
@@ -341,6 +361,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                          grouped=True, after=self._commit_all(items))
 
     # -- broadcast / reduce -------------------------------------------------------------------
+    @_tries_now(now.broadcast)
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         root_tensor = opts.rootTensor if opts is not None else 0
@@ -464,9 +485,11 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
                          after=self._commit_all([out for out, _ in items]))
 
+    @_tries_now(now.allgather_base)
     def _allgather_base(self, output, input_, opts=None):
         return self._allgather_single("_allgather_base", [(output, input_)])
 
+    @_tries_now(now.allgather_base)
     def all_gather_single(self, output, input_, opts=None):
         return self._allgather_single("all_gather_single", [(output, input_)])
 
@@ -521,10 +544,12 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         pairs = [(out, _flat_cat(blocks).to(out.dtype)) for out, blocks in zip(output_tensors, input_lists)]
         return self._reduce_scatter_pairs("reduce_scatter", pairs, reduce_op)
 
+    @_tries_now(now.reduce_scatter_base)
     def _reduce_scatter_base(self, output, input_, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._reduce_scatter_pairs("_reduce_scatter_base", [(output, input_)], reduce_op)
 
+    @_tries_now(now.reduce_scatter_base)
     def reduce_scatter_single(self, output, input_, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._reduce_scatter_pairs("reduce_scatter_single", [(output, input_)], reduce_op)

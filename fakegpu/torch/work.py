@@ -214,6 +214,7 @@ class Stream:
         self.cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[Task] = collections.deque()
         self._busy = False
+        self._drainers = 0  # threads in drain(), woken when the stream goes idle
         self._current: Optional[Task] = None
         self._started_at = 0.0
         self._thread: Optional[threading.Thread] = None
@@ -238,6 +239,35 @@ class Stream:
                               f"the group is unusable ({reason})")
         for op in task.ops:
             op.finish(error)
+
+    def run_now(self, what: str, call: Callable, *args) -> bool:
+        """Run ``call(*args)`` on the caller's thread, as the stream's next task, when nothing is
+        queued or running and waiters may run tasks (see the class docstring); False (nothing
+        run) otherwise.  The watchdog watches it as it watches the thread's tasks: a call that
+        overran the group's timeout raises the timeout even if it then returned."""
+        task = Task(what, call, [])
+        with self.cond:
+            if (not self.waiters_run_tasks or self._busy or self._queue
+                    or self.broken is not None or self._closed):
+                return False
+            self._busy = True
+            self._current = task
+            self._started_at = time.monotonic()
+        try:
+            call(*args)
+        finally:
+            with self.cond:
+                self._busy = False
+                self._current = None
+                broken = self.broken  # set meanwhile only by the watchdog, for this call
+                # Wake only who needs it: the thread or a waiter for a task queued meanwhile,
+                # or a drain.  Waking the idle thread for nothing costs a GIL hand-over and
+                # two context switches on every call.
+                if self._queue or self._drainers:
+                    self.cond.notify_all()
+        if broken is not None:
+            raise broken
+        return True
 
     def _take(self) -> Optional[Task]:
         # called with the lock held
@@ -294,11 +324,15 @@ class Stream:
         """Wait until every submitted task ran (False after ``seconds``)."""
         deadline = time.monotonic() + seconds
         with self.cond:
-            while self._queue or self._busy:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.broken is not None:
-                    return False
-                self.cond.wait(remaining)
+            self._drainers += 1
+            try:
+                while self._queue or self._busy:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self.broken is not None:
+                        return False
+                    self.cond.wait(remaining)
+            finally:
+                self._drainers -= 1
         return True
 
     def close(self) -> None:
@@ -387,6 +421,15 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+
+
+def finished_work(outputs: list[torch.Tensor]) -> dist.Work:
+    """The Work of an operation that already ran (:meth:`Stream.run_now`): torch's
+    future-wrapping Work around a completed future, which C++ and Python callers wait on,
+    poll and read ``result()`` / ``get_future()`` of as they do a gloo Work's."""
+    future = torch.futures.Future()
+    future.set_result(outputs)
+    return _create_work_from_future(future)
 
 
 class FakeGpuWork(_WorkBase):

@@ -79,6 +79,26 @@ def test_async_op_returns_before_the_peer_issued_and_completes_in_order(both):
             assert rank["completed_after"] == [True, True]
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_blocking_calls_match_gloo_and_run_on_the_callers_thread(both, nranks):
+    gloo, fake = both("blocking_calls", nranks)
+    strip = lambda results: [{k: v for k, v in r.items() if k != "ran_now"} for r in results]  # noqa: E731
+    assert strip(fake) == strip(gloo)
+    assert gloo[0]["sum"] == [float(i * sum(range(1, nranks + 1))) for i in range(6)]
+    for rank in fake:
+        # every kind with a caller's-thread path took it at least once (the MAX behind the
+        # queued call may or may not find the stream idle)
+        assert rank["ran_now"] == ["_allgather_base", "_reduce_scatter_base", "allreduce",
+                                   "broadcast"], rank["ran_now"]
+
+
+def test_blocking_calls_keep_to_the_stream_under_a_short_group_timeout(both):
+    gloo, fake = both("blocking_calls_short_timeout")
+    assert [{k: v for k, v in r.items() if k != "ran_now"} for r in fake] == \
+        [{k: v for k, v in r.items() if k != "ran_now"} for r in gloo]
+    assert all(rank["ran_now"] == [] for rank in fake)
+
+
 def test_works_held_only_by_cpp_complete_and_fail(shim_library):
     # Functional collectives: torch's C++ side waits on the Work after its Python object is gone.
     results = run_case("cpp_held_works", "fakegpu", 2, library=shim_library)

@@ -292,6 +292,67 @@ def recv_any_source_timeout(backend, flag_dir):
 _FLAG_DIR_CASES = ("barrier_timeout", "recv_any_source_timeout")
 
 
+def _blocking_calls(backend, timeout_s):
+    rank, world = _init(backend, timeout_s=timeout_s)
+    ran_now = []
+    if backend == "fakegpu":
+        from fakegpu.torch import work
+
+        original = work.Stream.run_now
+
+        def counting(self, what, call, *args):
+            ran = original(self, what, call, *args)
+            ran_now.append([what, ran])
+            return ran
+
+        work.Stream.run_now = counting
+    out = {}
+    a = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(a)
+    out["sum"] = a.tolist()
+    queued = torch.full((1000,), float(rank))
+    w = dist.all_reduce(queued, async_op=True)
+    # Issued behind a queued call: it must not overtake it (a different size and dtype, so an
+    # overtaking call would pair with the wrong one at the peer).
+    c = torch.full((3,), float(rank + 1), dtype=torch.float64)
+    dist.all_reduce(c, op=dist.ReduceOp.MAX)
+    w.wait()
+    out["queued_sum"], out["max"] = float(queued.sum()), c.tolist()
+    b = torch.arange(4, dtype=torch.int64) + 10 * rank
+    dist.broadcast(b, src=world - 1)
+    out["broadcast"] = b.tolist()
+    gathered = torch.empty(3 * world, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(gathered, (torch.arange(3) + rank).to(torch.bfloat16))
+    out["all_gather"] = gathered.float().tolist()
+    scattered = torch.empty(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * world) * (rank + 1))
+    out["reduce_scatter"] = scattered.tolist()
+    half = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float16) * (rank + 1)
+    dist.all_reduce(half)
+    out["half"] = half.float().tolist()
+    strided = (torch.arange(12.0).reshape(3, 4) + rank).t()  # not contiguous: the queued path
+    dist.all_reduce(strided)
+    out["strided"] = strided.tolist()
+    flags = torch.tensor([rank == 0, False, True])
+    dist.all_reduce(flags)  # bool: the queued path's any()
+    out["bool"] = flags.tolist()
+    out["ran_now"] = sorted({what for what, ran in ran_now if ran})
+    return out
+
+
+def blocking_calls(backend):
+    """Blocking collectives between asynchronous ones, with the group's default timeout:
+    results and issue order as gloo's; under fakegpu the ones that find the stream idle run
+    on the caller's thread (fakegpu.torch.now)."""
+    return _blocking_calls(backend, None)
+
+
+def blocking_calls_short_timeout(backend):
+    """The same with a group timeout shorter than the coordinator's: nothing runs on the
+    caller's thread (only the stream's watchdog can keep that timeout)."""
+    return _blocking_calls(backend, 60)
+
+
 def main() -> int:
     case, backend, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     fn = globals()[case]
