@@ -3,6 +3,7 @@
     python benchmarks/torch_allreduce.py                  # 2 ranks, 4 B .. 16 MiB
     python benchmarks/torch_allreduce.py --nproc 4 --max-bytes 64MiB --json out.json
     python benchmarks/torch_allreduce.py --nproc 4 --max-bytes 64MiB --shim-bench build/shim_bench
+        (build/shim_bench: cmake --build build --target shim_bench)
 
 It runs the same torchrun sweep twice — ``--backend gloo``, then ``--backend fakegpu`` under
 ``python -m fakegpu run`` (which starts the coordinator) — and prints one table: mean time
