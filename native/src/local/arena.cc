@@ -42,12 +42,8 @@ constexpr int kSpinChecks = 256;
 // Then give the CPU to whoever is runnable a few times before sleeping: with more ranks than
 // cores the member still to arrive is often waiting for this very CPU, and a futex sleep +
 // cross-CPU wake-up costs tens of microseconds in a VM (4-byte allreduce, 4 ranks, 2 cores:
-// ~190 us without these yields, ~65 us with them).  The yielding goes on for a while, by the
-// clock: a rank that runs a few tens of microseconds of Python between two calls (a torch
-// program's dist.all_reduce) otherwise misses the spin and pays a futex sleep and wake-up on
-// every call; a yield gives the CPU away at once if anyone else wants it.
+// ~190 us without these yields, ~65 us with them).
 constexpr int kYieldChecks = 16;
-constexpr auto kYieldFor = std::chrono::microseconds(200);
 
 uint64_t data_offset(int nranks) {
   return (arena_layout::kRecordsAt + arena_layout::kRecordBlock * static_cast<uint64_t>(nranks) + 4095) & ~4095ull;
@@ -145,8 +141,7 @@ Arena::Outcome Arena::barrier(std::chrono::steady_clock::time_point deadline, co
     if ((sync().load(std::memory_order_acquire) >> 32) != gen) return kMet;
     cpu_relax();
   }
-  const auto yield_until = std::chrono::steady_clock::now() + kYieldFor;
-  for (int i = 0; i < kYieldChecks || std::chrono::steady_clock::now() < yield_until; i++) {
+  for (int i = 0; i < kYieldChecks; i++) {
     if ((sync().load(std::memory_order_acquire) >> 32) != gen) return kMet;
     sched_yield();
   }
