@@ -195,12 +195,14 @@ def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
         return REJECTED_ERROR, None
     if desc[D_MATCH_SEQ] == 0 or not desc[D_STEP_INDEX] < desc[D_STEP_TOTAL]:
         return _validate_shape(desc, member, not accounted), None
+    # The reduction order too: it is part of the signature and checked. order_of, as signature
+    # and _validate_shape read it: both ignore the bits on an op that does not reduce.
     if accounted:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks,
-               desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
-    else:  # the order bits too: they are part of the signature and checked
+               desc[D_STEP_TOTAL], order_of(desc))
+    else:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
+               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], order_of(desc))
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member, not accounted), signature(desc))
