@@ -62,7 +62,7 @@ class Member:
 class Comm:
     __slots__ = ("id", "name", "nranks", "members", "record", "slots", "failed_calls", "p2p",
                  "gone_ranks", "splits", "shrinks", "call", "p2p_calls", "reported_seq", "arena",
-                 "arena_refusal", "local_records")
+                 "arena_refusal", "local_records", "arena_pending", "arena_failed")
 
     def __init__(self, comm_id: int, name: str, parent_id: Optional[int]):
         self.id = comm_id
@@ -83,6 +83,9 @@ class Comm:
         # communicator: an Arena, or the reason it was refused; later requests get the same answer.
         self.arena = None
         self.arena_refusal: Optional[str] = None
+        # What the core last asked the I/O layer to write into the arena's flags (ARENA_* actions).
+        self.arena_pending = 0
+        self.arena_failed = False
         # Calls reported by LOCAL_OPS so far (they carry their match_seq like any other call, so
         # both paths share the records' seq of this communicator's collectives).
         self.local_records = 0

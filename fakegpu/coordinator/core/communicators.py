@@ -318,8 +318,8 @@ class CommunicatorsMixin:
                 if a[0] is not member:
                     self._error(a[0].client, a[1], *rdv.failed)
         if comm.arena is not None:
-            comm.arena.set_failed(rank)
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_failed(comm, rank)
+            self._arena_pending(comm)
         if all(m.gone is not None for m in comm.members):
             self.comms.pop(comm.id, None)
             self._close_arena(comm.id)

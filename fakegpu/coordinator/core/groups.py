@@ -302,7 +302,7 @@ class GroupsMixin:
             del self._waiting[slot]
             self._run_slot(slot, now)
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
 
     def _answer_failed_step(self, table: dict, seq: int, failed: FailedCall, step: Step, nranks: int) -> None:
         """A step of a call that already failed: it fails the same way, at once."""
@@ -337,7 +337,7 @@ class GroupsMixin:
         failed.done.update(comm.gone_ranks)
         self._keep_failed_call(comm.failed_calls, seq, failed, comm.nranks)
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
 
     @staticmethod
     def _forget_failed_calls(comm: Comm) -> None:
@@ -442,7 +442,7 @@ class GroupsMixin:
         comm = slot.comm
         comm.slots.pop((slot.seq, slot.step_index), None)
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
         arrived = [s for s in slot.steps if s is not None]
         missing = [r for r, s in enumerate(slot.steps) if s is None]
         asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in arrived)
