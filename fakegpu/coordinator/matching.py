@@ -9,6 +9,8 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.common.dtypes import DTYPES
+from fakegpu.coordinator.states import (P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS, Machine, P2PState,
+                                        SlotState)
 from fakegpu.wire_spec import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,  # noqa: F401
                                D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR, D_STEP,
                                D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL)
@@ -28,7 +30,7 @@ class GroupState:
         self.client = client
         self.request_id = request_id
         self.descs = descs
-        self.results = [-1] * len(descs)
+        self.results = [RESULT_PENDING] * len(descs)
         self.messages: list = []
         self.remaining = len(descs)
         self.partial = partial
@@ -50,10 +52,12 @@ class SplitGroup:
         self.final = None           # the final frame's GroupState, once it came
 
 
-class Step:
-    """One op of a GROUP frame, as it waits to be matched."""
+class Step(Machine):
+    """One op of a GROUP frame, as it waits to be matched. ``state`` is a Send/Recv step's
+    (P2PState); a collective step stays ARRIVED, its slot holds the state."""
     __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload", "sig",
-                 "parked_in")
+                 "parked_in", "state")
+    TRANSITIONS = P2P_TRANSITIONS
 
     def __init__(self, group: GroupState, index: int, desc: tuple, member, arrived_at: float):
         self.group = group
@@ -66,12 +70,30 @@ class Step:
         self.payload = None                # a Send's copied input, once its group went on
         self.sig = None                    # signature(desc), for collectives
         self.parked_in = None              # the SplitGroup of a parked Send
+        self.state = P2PState.ARRIVED
+
+    # Send/Recv transitions (states.P2P_TRANSITIONS).
+    def queue(self) -> None:
+        self._advance("queue")
+
+    def match(self) -> None:
+        self._advance("match")
+
+    def complete(self) -> None:
+        self._advance("complete")
+
+    def fail(self) -> None:
+        self._advance("fail")
+
+    def expire(self) -> None:
+        self._advance("expire")
 
 
-class Slot:
+class Slot(Machine):
     """Step ``step_index`` of collective call ``seq`` (the match_seq) of every member of a
-    communicator."""
-    __slots__ = ("comm", "seq", "step_index", "steps", "arrived", "first_at", "first_wall", "deadline")
+    communicator (states.SLOT_TRANSITIONS)."""
+    __slots__ = ("comm", "seq", "step_index", "steps", "arrived", "first_at", "first_wall", "deadline", "state")
+    TRANSITIONS = SLOT_TRANSITIONS
 
     def __init__(self, comm, seq: int, step_index: int, nranks: int, now: float, wall: float, deadline: float):
         self.comm = comm
@@ -82,6 +104,27 @@ class Slot:
         self.first_at = now
         self.first_wall = wall
         self.deadline = deadline
+        self.state = SlotState.WAITING
+
+    def match(self) -> None:
+        """WAITING -> MATCHED: the last rank arrived (the slot left comm.slots and the deadline queue)."""
+        self._advance("match")
+
+    def execute(self) -> None:
+        """MATCHED -> EXECUTING: its Execution was run, offloaded or queued."""
+        self._advance("execute")
+
+    def answer(self) -> None:
+        """MATCHED/EXECUTING -> ANSWERED: every rank's op succeeded."""
+        self._advance("answer")
+
+    def fail(self) -> None:
+        """WAITING/MATCHED/EXECUTING -> FAILED."""
+        self._advance("fail")
+
+    def expire(self) -> None:
+        """WAITING -> EXPIRED: ranks missing at the deadline."""
+        self._advance("expire")
 
 
 class FailedCall:

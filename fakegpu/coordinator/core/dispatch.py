@@ -215,7 +215,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
         client = self.clients.pop(conn_id, None)
         if client is None:
             return self._out
-        client.closed = True
+        client.disconnect()
         if self._rank_holders.get(client.hello.global_rank) is client:
             del self._rank_holders[client.hello.global_rank]
         reason = client.close_reason or reason
@@ -234,6 +234,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
             if any(a[0] is client for a in rdv.arrivals.values()):
                 del self.inits[uid]
                 self._waiting.pop(rdv, None)
+                rdv.fail()
                 for rank, (c, rid, _) in rdv.arrivals.items():
                     if c is not client:
                         self._error(c, rid, P.NCCL_REMOTE_ERROR,
