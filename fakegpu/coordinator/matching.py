@@ -10,7 +10,13 @@ from typing import Optional
 from fakegpu import protocol as P
 from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.states import (P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS, Machine, P2PState,
-                                        SlotState)
+                                        SlotState, by_event)
+
+# Per-event tables of the Send/Recv and slot machines: these run once or more per op.
+_P2P_QUEUE, _P2P_MATCH, _P2P_COMPLETE, _P2P_FAIL, _P2P_EXPIRE = (
+    by_event(P2P_TRANSITIONS, e) for e in ("queue", "match", "complete", "fail", "expire"))
+_SLOT_MATCH, _SLOT_EXECUTE, _SLOT_ANSWER, _SLOT_FAIL, _SLOT_EXPIRE = (
+    by_event(SLOT_TRANSITIONS, e) for e in ("match", "execute", "answer", "fail", "expire"))
 from fakegpu.wire_spec import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,  # noqa: F401
                                D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR, D_STEP,
                                D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL)
@@ -74,19 +80,34 @@ class Step(Machine):
 
     # Send/Recv transitions (states.P2P_TRANSITIONS).
     def queue(self) -> None:
-        self._advance("queue")
+        new = _P2P_QUEUE.get(self.state)
+        if new is None:
+            self._illegal("queue")
+        self.state = new
 
     def match(self) -> None:
-        self._advance("match")
+        new = _P2P_MATCH.get(self.state)
+        if new is None:
+            self._illegal("match")
+        self.state = new
 
     def complete(self) -> None:
-        self._advance("complete")
+        new = _P2P_COMPLETE.get(self.state)
+        if new is None:
+            self._illegal("complete")
+        self.state = new
 
     def fail(self) -> None:
-        self._advance("fail")
+        new = _P2P_FAIL.get(self.state)
+        if new is None:
+            self._illegal("fail")
+        self.state = new
 
     def expire(self) -> None:
-        self._advance("expire")
+        new = _P2P_EXPIRE.get(self.state)
+        if new is None:
+            self._illegal("expire")
+        self.state = new
 
 
 class Slot(Machine):
@@ -108,23 +129,38 @@ class Slot(Machine):
 
     def match(self) -> None:
         """WAITING -> MATCHED: the last rank arrived (the slot left comm.slots and the deadline queue)."""
-        self._advance("match")
+        new = _SLOT_MATCH.get(self.state)
+        if new is None:
+            self._illegal("match")
+        self.state = new
 
     def execute(self) -> None:
         """MATCHED -> EXECUTING: its Execution was run, offloaded or queued."""
-        self._advance("execute")
+        new = _SLOT_EXECUTE.get(self.state)
+        if new is None:
+            self._illegal("execute")
+        self.state = new
 
     def answer(self) -> None:
         """MATCHED/EXECUTING -> ANSWERED: every rank's op succeeded."""
-        self._advance("answer")
+        new = _SLOT_ANSWER.get(self.state)
+        if new is None:
+            self._illegal("answer")
+        self.state = new
 
     def fail(self) -> None:
         """WAITING/MATCHED/EXECUTING -> FAILED."""
-        self._advance("fail")
+        new = _SLOT_FAIL.get(self.state)
+        if new is None:
+            self._illegal("fail")
+        self.state = new
 
     def expire(self) -> None:
         """WAITING -> EXPIRED: ranks missing at the deadline."""
-        self._advance("expire")
+        new = _SLOT_EXPIRE.get(self.state)
+        if new is None:
+            self._illegal("expire")
+        self.state = new
 
 
 class FailedCall:

@@ -20,7 +20,7 @@ from fakegpu.coordinator.states import (CLIENT_TRANSITIONS, COMM_TRANSITIONS, ME
 
 class Client(Machine):
     __slots__ = ("id", "hello", "transport", "shm", "staging", "S", "inp", "outp", "global_ranks",
-                 "members", "groups", "record", "state", "inp_mv", "close_reason", "split_groups")
+                 "members", "groups", "record", "state", "closed", "inp_mv", "close_reason", "split_groups")
     TRANSITIONS = CLIENT_TRANSITIONS
 
     def __init__(self, client_id: int, hello, transport: str, staging: np.ndarray, S: int, shm: bool):
@@ -38,14 +38,10 @@ class Client(Machine):
         self.groups: dict = {}   # request_id -> GroupState in flight
         self.split_groups: dict = {}   # group id -> SplitGroup whose final frame has not come yet
         self.state = ClientState.OPEN
+        self.closed = False   # state is CLOSED, kept as a plain attribute for the hot paths (every answer)
         self.close_reason: Optional[str] = None   # why the coordinator itself closed it (faults)
         self.record = ClientRecord(client_id=client_id, pid=hello.pid, hostname=hello.hostname,
                                    global_rank=hello.global_rank, transport=transport, shared_memory=shm)
-
-    @property
-    def closed(self) -> bool:
-        """Disconnected: nothing is sent to it any more."""
-        return self.state is ClientState.CLOSED
 
     def close(self, reason: str) -> None:
         """OPEN/CLOSING -> CLOSING: the coordinator closes the connection (its CLOSE action goes out)."""
@@ -53,8 +49,9 @@ class Client(Machine):
         self.close_reason = reason
 
     def disconnect(self) -> None:
-        """OPEN/CLOSING -> CLOSED: the connection went away."""
+        """OPEN/CLOSING -> CLOSED: the connection went away; nothing is sent to it any more."""
         self._advance("disconnect")
+        self.closed = True
 
     def describe(self) -> str:
         g = self.hello.global_rank
