@@ -9,6 +9,14 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.common.dtypes import DTYPES
+from fakegpu.coordinator.states import (P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS, Machine, P2PState,
+                                        SlotState, by_event)
+
+# Per-event tables of the Send/Recv and slot machines: these run once or more per op.
+_P2P_QUEUE, _P2P_MATCH, _P2P_COMPLETE, _P2P_FAIL, _P2P_EXPIRE = (
+    by_event(P2P_TRANSITIONS, e) for e in ("queue", "match", "complete", "fail", "expire"))
+_SLOT_MATCH, _SLOT_EXECUTE, _SLOT_ANSWER, _SLOT_FAIL, _SLOT_EXPIRE = (
+    by_event(SLOT_TRANSITIONS, e) for e in ("match", "execute", "answer", "fail", "expire"))
 from fakegpu.wire_spec import (D_CALL_SEQ, D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, D_IN_OFF, D_KIND,  # noqa: F401
                                D_MATCH_SEQ, D_OUT_LEN, D_OUT_OFF, D_REDOP, D_ROOT, D_SCALAR, D_STEP,
                                D_STEP_INDEX, D_STEP_TOTAL, D_TOTAL)
@@ -28,7 +36,7 @@ class GroupState:
         self.client = client
         self.request_id = request_id
         self.descs = descs
-        self.results = [-1] * len(descs)
+        self.results = [RESULT_PENDING] * len(descs)
         self.messages: list = []
         self.remaining = len(descs)
         self.partial = partial
@@ -50,10 +58,12 @@ class SplitGroup:
         self.final = None           # the final frame's GroupState, once it came
 
 
-class Step:
-    """One op of a GROUP frame, as it waits to be matched."""
+class Step(Machine):
+    """One op of a GROUP frame, as it waits to be matched. ``state`` is a Send/Recv step's
+    (P2PState); a collective step stays ARRIVED, its slot holds the state."""
     __slots__ = ("group", "index", "desc", "member", "arrived_at", "error", "deadline", "payload", "sig",
-                 "parked_in")
+                 "parked_in", "state")
+    TRANSITIONS = P2P_TRANSITIONS
 
     def __init__(self, group: GroupState, index: int, desc: tuple, member, arrived_at: float):
         self.group = group
@@ -66,12 +76,45 @@ class Step:
         self.payload = None                # a Send's copied input, once its group went on
         self.sig = None                    # signature(desc), for collectives
         self.parked_in = None              # the SplitGroup of a parked Send
+        self.state = P2PState.ARRIVED
+
+    # Send/Recv transitions (states.P2P_TRANSITIONS).
+    def queue(self) -> None:
+        new = _P2P_QUEUE.get(self.state)
+        if new is None:
+            self._illegal("queue")
+        self.state = new
+
+    def match(self) -> None:
+        new = _P2P_MATCH.get(self.state)
+        if new is None:
+            self._illegal("match")
+        self.state = new
+
+    def complete(self) -> None:
+        new = _P2P_COMPLETE.get(self.state)
+        if new is None:
+            self._illegal("complete")
+        self.state = new
+
+    def fail(self) -> None:
+        new = _P2P_FAIL.get(self.state)
+        if new is None:
+            self._illegal("fail")
+        self.state = new
+
+    def expire(self) -> None:
+        new = _P2P_EXPIRE.get(self.state)
+        if new is None:
+            self._illegal("expire")
+        self.state = new
 
 
-class Slot:
+class Slot(Machine):
     """Step ``step_index`` of collective call ``seq`` (the match_seq) of every member of a
-    communicator."""
-    __slots__ = ("comm", "seq", "step_index", "steps", "arrived", "first_at", "first_wall", "deadline")
+    communicator (states.SLOT_TRANSITIONS)."""
+    __slots__ = ("comm", "seq", "step_index", "steps", "arrived", "first_at", "first_wall", "deadline", "state")
+    TRANSITIONS = SLOT_TRANSITIONS
 
     def __init__(self, comm, seq: int, step_index: int, nranks: int, now: float, wall: float, deadline: float):
         self.comm = comm
@@ -82,6 +125,42 @@ class Slot:
         self.first_at = now
         self.first_wall = wall
         self.deadline = deadline
+        self.state = SlotState.WAITING
+
+    def match(self) -> None:
+        """WAITING -> MATCHED: the last rank arrived (the slot left comm.slots and the deadline queue)."""
+        new = _SLOT_MATCH.get(self.state)
+        if new is None:
+            self._illegal("match")
+        self.state = new
+
+    def execute(self) -> None:
+        """MATCHED -> EXECUTING: its Execution was run, offloaded or queued."""
+        new = _SLOT_EXECUTE.get(self.state)
+        if new is None:
+            self._illegal("execute")
+        self.state = new
+
+    def answer(self) -> None:
+        """MATCHED/EXECUTING -> ANSWERED: every rank's op succeeded."""
+        new = _SLOT_ANSWER.get(self.state)
+        if new is None:
+            self._illegal("answer")
+        self.state = new
+
+    def fail(self) -> None:
+        """WAITING/MATCHED/EXECUTING -> FAILED."""
+        new = _SLOT_FAIL.get(self.state)
+        if new is None:
+            self._illegal("fail")
+        self.state = new
+
+    def expire(self) -> None:
+        """WAITING -> EXPIRED: ranks missing at the deadline."""
+        new = _SLOT_EXPIRE.get(self.state)
+        if new is None:
+            self._illegal("expire")
+        self.state = new
 
 
 class FailedCall:
@@ -195,12 +274,14 @@ def validate(desc: tuple, member, S: int, accounted: bool = False) -> tuple:
         return REJECTED_ERROR, None
     if desc[D_MATCH_SEQ] == 0 or not desc[D_STEP_INDEX] < desc[D_STEP_TOTAL]:
         return _validate_shape(desc, member, not accounted), None
+    # The reduction order too: it is part of the signature and checked. order_of, as signature
+    # and _validate_shape read it: both ignore the bits on an op that does not reduce.
     if accounted:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], None, None, member.rank, member.comm.nranks,
-               desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
-    else:  # the order bits too: they are part of the signature and checked
+               desc[D_STEP_TOTAL], order_of(desc))
+    else:
         key = (desc[1], desc[2], desc[3], desc[5], desc[6], desc[7], desc[9], desc[11],
-               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], desc[D_FLAGS] & P.OP_ORDER_MASK)
+               member.rank, member.comm.nranks, desc[D_STEP_TOTAL], order_of(desc))
     cached = _SHAPE_CACHE.get(key)
     if cached is None:
         cached = (_validate_shape(desc, member, not accounted), signature(desc))

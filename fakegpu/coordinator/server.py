@@ -67,6 +67,20 @@ _ACCEPT_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, 
 GROUP_SLICE_OPS = 256
 
 
+def perform_arena_action(kind: int, arena, value) -> None:
+    """Carry out one of the core's ARENA_* actions on the arena's mapping."""
+    if kind == C.ARENA_PENDING:
+        arena.set_pending(value)
+    elif kind == C.ARENA_FAILED:
+        arena.set_failed(value)
+    elif kind == C.ARENA_CLOSING:
+        arena.set_closing()
+    elif kind == C.ARENA_CLOSE:
+        arena.close()
+    else:
+        raise ValueError(f"not an arena action: {kind}")
+
+
 class ServerError(RuntimeError):
     """The coordinator cannot listen where it was asked to (message says why)."""
 
@@ -587,6 +601,12 @@ class CoordinatorServer:
 
     # -- actions from the core
     def apply(self, actions: list) -> None:
+        arena_actions = C.ARENA_ACTIONS
+        for action in actions:
+            # First the arena flags, as if the core had written them while it worked: no answer of
+            # this batch reaches a rank before the flags that go with it.
+            if action[0] in arena_actions:
+                perform_arena_action(*action)
         for kind, cid, data in actions:
             if kind == C.SEND:
                 conn = self.conns.get(cid)
@@ -729,7 +749,9 @@ class CoordinatorServer:
         reporter = loop.create_task(self._report_loop()) if self.report_interval_s else None
         try:
             await self._stop.wait()
-            if self.core.close_arenas():
+            closing = self.core.close_arenas()
+            self.apply(closing)
+            if closing:
                 # No call starts in an arena any more; the ranks send the ones they ran in batches,
                 # at least every 50 ms: keep reading a moment so that the reports hold them all.
                 await asyncio.sleep(LOCAL_OPS_GRACE_S)
@@ -770,7 +792,7 @@ class CoordinatorServer:
             # A reduction still running finishes first (it writes into staging memory).
             await self._loop.run_in_executor(None, self._executor.shutdown, True)
         self.core.flush_records()
-        self.core.close()   # unlink the arenas of communicators still alive
+        self.apply(self.core.close())   # unlink the arenas of communicators still alive
         for task in list(self._accept_tasks):
             task.cancel()
         for conn in list(self.conns.values()):

@@ -101,7 +101,7 @@ def make(arena_dir):
 
     yield build
     for h in made:
-        h.core.close()
+        h._apply(h.core.close())
         assert not h.core.arenas
     left = glob.glob(os.path.join(arena_dir, f"fakegpu-arena-{os.getpid()}-*"))
     assert not left, f"arena files left behind: {left}"
@@ -373,7 +373,7 @@ def test_close_unlinks_every_arena(make):
     handles = h.init([2, 3], uid=b"z" * 128)
     path2 = h.arena(2, handles[0]).path
     assert os.path.exists(path1) and os.path.exists(path2) and path1 != path2
-    h.core.close()
+    h._apply(h.core.close())
     assert not os.path.exists(path1) and not os.path.exists(path2)
 
 
@@ -556,12 +556,15 @@ def test_close_arenas_raises_closing_in_every_arena(make):
     h = make()
     _, path = _granted(h)
     assert read_header(path)[6] == 0
-    assert h.core.close_arenas() is True
+    actions = h.core.close_arenas()
+    assert actions == [(C.ARENA_CLOSING, h.core.comms[1].arena, None)]
+    assert read_header(path)[6] == 0          # the core writes nothing itself
+    h._apply(actions)
     assert read_header(path)[6] == 1
 
 
 def test_close_arenas_without_arenas_says_so(make):
-    assert make().core.close_arenas() is False
+    assert make().core.close_arenas() == []
 
 
 def test_stale_arena_files_of_dead_coordinators_are_removed(tmp_path):

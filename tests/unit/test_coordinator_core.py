@@ -12,6 +12,7 @@ import pytest
 from fakegpu import protocol as P
 from fakegpu.coordinator import core as C
 from fakegpu.coordinator.collectives.numerics import DTYPES
+from fakegpu.coordinator.server import perform_arena_action
 
 
 class FakeClock:
@@ -54,6 +55,7 @@ class Harness:
         self.closed: dict = {}
         self.shutdown = []
         self.killed = []      # (conn, pid) of the KILL actions, in order
+        self.arena_actions = []   # (kind, arena, value) of the ARENA_* actions, in order; performed as the server does
         self._rid = 100
 
     def _apply(self, actions):
@@ -67,6 +69,9 @@ class Harness:
             elif kind == C.KILL:
                 assert conn not in self.closed, "KILL must come before the connection's CLOSE"
                 self.killed.append((conn, data))
+            elif kind in C.ARENA_ACTIONS:
+                self.arena_actions.append((kind, conn, data))
+                perform_arena_action(kind, conn, data)
             else:
                 self.shutdown.append(data)
 

@@ -16,12 +16,16 @@ each part owns one responsibility and the state that goes with it:
 
 State lives in the containers ``Core.__init__`` creates (dispatch.py); the registry
 (fakegpu/coordinator/registry.py) and matching (fakegpu/coordinator/matching.py) modules
-define the objects in them.
+define the objects in them. Each object with a lifecycle (client, communicator, member,
+rendezvous, collective slot, Send/Recv step) has a named ``state`` and moves only through
+named transitions (fakegpu/coordinator/states.py; the table is in docs/architecture.md,
+"Coordinator states"). The core has no side effects but its actions: socket writes and
+closes, SIGKILLs and arena flag writes are all performed by server.py.
 """
-from .common import (CLOSE, DEFAULT_STAGING_BYTES, KILL, MAX_STAGING_BYTES, MIN_STAGING_BYTES, OFFLOAD_MIN_BYTES, SEND,
+from .common import (ARENA_ACTIONS, ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, CLOSE, DEFAULT_STAGING_BYTES, KILL, MAX_STAGING_BYTES, MIN_STAGING_BYTES, OFFLOAD_MIN_BYTES, SEND,
                      SHUTDOWN, default_staging_factory, error_frame, frame_bytes, logical_bytes)
 from .dispatch import Core
 from .groups import Execution
 
-__all__ = ["CLOSE", "KILL", "DEFAULT_STAGING_BYTES", "MAX_STAGING_BYTES", "MIN_STAGING_BYTES", "OFFLOAD_MIN_BYTES", "SEND",
+__all__ = ["ARENA_ACTIONS", "ARENA_CLOSE", "ARENA_CLOSING", "ARENA_FAILED", "ARENA_PENDING", "CLOSE", "KILL", "DEFAULT_STAGING_BYTES", "MAX_STAGING_BYTES", "MIN_STAGING_BYTES", "OFFLOAD_MIN_BYTES", "SEND",
            "SHUTDOWN", "Core", "Execution", "default_staging_factory", "error_frame", "frame_bytes", "logical_bytes"]

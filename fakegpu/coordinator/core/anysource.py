@@ -17,6 +17,7 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.registry import Client, Member
+from fakegpu.coordinator.states import MemberState
 
 from .common import frame_bytes, log
 
@@ -102,7 +103,7 @@ class AnySourceMixin:
             label = f"{comm.label()} rank {member.rank}"
             if probe.client.closed:
                 continue   # nobody waits for the answer
-            if member.gone is not None:
+            if member.state is MemberState.GONE:
                 # Another thread of the caller freed or aborted the communicator meanwhile.
                 self._error(probe.client, probe.request_id, P.NCCL_INVALID_USAGE,
                             f"{label}: receive from any source: the communicator was freed while it waited "

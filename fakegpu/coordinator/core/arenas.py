@@ -13,7 +13,7 @@ from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import D_DTYPE, D_FLAGS, D_HANDLE, D_KIND, D_MATCH_SEQ, D_REDOP, D_ROOT
 from fakegpu.coordinator.registry import Client, Comm
 
-from .common import (_ARENA_INFO_FIXED, _EMPTY_STR, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
+from .common import (ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, _ARENA_INFO_FIXED, _EMPTY_STR, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
                      _OPDESC_UNPACK, _U64, frame_bytes, log)
 
 
@@ -69,7 +69,7 @@ class ArenasMixin:
                 else:
                     self.arenas[comm.id] = comm.arena
                     self.n_arenas += 1
-                    comm.arena.set_pending(len(comm.slots))   # calls may already wait here
+                    self._arena_pending(comm)   # calls may already wait here
                     log.debug("%s: arena %s, %d-byte slots", comm.label(), comm.arena.path, slot)
             comm.arena_refusal = refusal
         arena = comm.arena
@@ -81,17 +81,33 @@ class ArenasMixin:
                     + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
         self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
 
-    def close_arenas(self) -> bool:
-        """Stopping: raise ``closing`` in every arena; True when there was one (the caller then
-        keeps reading LOCAL_OPS for a moment before it writes the reports)."""
+    def _arena_pending(self, comm: Comm) -> None:
+        """Have the I/O layer publish how many collectives of ``comm`` wait here (ARENA_PENDING),
+        when that changed and its arena is still open."""
+        n = len(comm.slots)
+        if n != comm.arena_pending and self.arenas.get(comm.id) is comm.arena:
+            comm.arena_pending = n
+            self._out.append((ARENA_PENDING, comm.arena, n))
+
+    def _arena_failed(self, comm: Comm, rank: int) -> None:
+        """The first member of ``comm`` to leave goes into its arena's ``failed`` (ARENA_FAILED)."""
+        if not comm.arena_failed and self.arenas.get(comm.id) is comm.arena:
+            comm.arena_failed = True
+            self._out.append((ARENA_FAILED, comm.arena, rank))
+
+    def close_arenas(self) -> list:
+        """Stopping: actions raising ``closing`` in every arena (ARENA_CLOSING); none when there
+        is no arena (otherwise the caller keeps reading LOCAL_OPS for a moment before it writes
+        the reports)."""
+        out = self._out = []
         for arena in self.arenas.values():
-            arena.set_closing()
-        return bool(self.arenas)
+            out.append((ARENA_CLOSING, arena, None))
+        return out
 
     def _close_arena(self, comm_id: int) -> None:
         arena = self.arenas.pop(comm_id, None)
         if arena is not None:
-            arena.close()
+            self._out.append((ARENA_CLOSE, arena, None))
 
     def _local_ops(self, client: Client, frame: P.Frame) -> None:
         """LOCAL_OPS: comm rank 0's report of calls the ranks ran in their arena. Each is

@@ -17,6 +17,14 @@ log = logging.getLogger("fakegpu.coordinator")
 # (SHUTDOWN, None, reason), (KILL, conn, pid): SIGKILL that process (a fault injected by
 # FAKEGPU_FAULTS), before the connection's CLOSE that follows it.
 SEND, CLOSE, SHUTDOWN, KILL = 0, 1, 2, 3
+# Writes into a host-local arena (arena.py), (kind, Arena, value); the core itself never touches
+# shared memory. The I/O layer performs those of one batch before its other actions, so a flag
+# is up before any answer of the same batch reaches a rank (ranks read the flags, not the answers):
+# ARENA_PENDING: Arena.set_pending(value), the number of collectives waiting at the coordinator;
+# ARENA_FAILED: Arena.set_failed(value), comm rank value left (sent once, the first one);
+# ARENA_CLOSING: Arena.set_closing(), the coordinator is stopping; ARENA_CLOSE: Arena.close(), unlink.
+ARENA_PENDING, ARENA_FAILED, ARENA_CLOSING, ARENA_CLOSE = 4, 5, 6, 7
+ARENA_ACTIONS = frozenset((ARENA_PENDING, ARENA_FAILED, ARENA_CLOSING, ARENA_CLOSE))
 
 DEFAULT_STAGING_BYTES = 32 << 20
 

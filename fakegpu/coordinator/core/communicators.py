@@ -10,9 +10,12 @@ from fakegpu import protocol as P
 from fakegpu.coordinator.matching import Step, describe_op
 from fakegpu.coordinator.registry import (Client, Comm, InitRendezvous, Member, ShrinkRendezvous,
                                           SplitRendezvous, assign_global_ranks)
+from fakegpu.coordinator.states import MemberState, RendezvousState
 from fakegpu.topology.model import rank_ranges
 
 from .common import _COMM_INFO_FIXED, frame_bytes, log
+
+NCCL_SPLIT_NOCOLOR = -1   # ncclCommSplit's color for "in no new communicator" (nccl.h)
 
 
 class CommunicatorsMixin:
@@ -76,10 +79,12 @@ class CommunicatorsMixin:
             for c, g in zip(clients, before):   # the refused communicator gives nobody a global rank
                 c.global_ranks = g
             msg = f"communicator init {self._uid_label(rdv)} of {rdv.nranks} ranks: {problem}"
+            rdv.fail()
             log.error("%s", msg)
             for c, r_id, _ in arrivals:
                 self._error(c, r_id, P.NCCL_INVALID_USAGE, msg)
             return
+        rdv.complete()
         comm = self._new_comm(rdv.name, clients, global_ranks, None)
         if self.recording:
             self.flush_records()
@@ -123,7 +128,7 @@ class CommunicatorsMixin:
         if member is None:
             return
         comm = member.comm
-        if msg.color < -1:
+        if msg.color < NCCL_SPLIT_NOCOLOR:
             self._error(client, rid, P.NCCL_INVALID_ARGUMENT,
                         f"ncclCommSplit on {comm.label()}: color {msg.color} is negative "
                         "(only NCCL_SPLIT_NOCOLOR = -1 is allowed)")
@@ -143,10 +148,11 @@ class CommunicatorsMixin:
             return
         del comm.splits[seq]
         self._waiting.pop(rdv, None)
+        rdv.complete()
         by_color: dict = {}
         for rank in range(comm.nranks):
             a = rdv.arrivals[rank]
-            if a[2] != -1:
+            if a[2] != NCCL_SPLIT_NOCOLOR:
                 by_color.setdefault(a[2], []).append(a)
             else:
                 self._send(a[0].client, self._comm_info_frame(a[1], 0, -1, b"", 0))
@@ -186,14 +192,13 @@ class CommunicatorsMixin:
         if rdv is None:
             rdv = comm.shrinks[seq] = ShrinkRendezvous(comm, seq, excluded, now, now + self.timeout_s)
             self._waiting[rdv] = None
-        if rdv.failed is None and rdv.excluded != excluded:
+        if rdv.state is RendezvousState.GATHERING and rdv.excluded != excluded:
             asked = "; ".join(f"rank {r} excludes {list(a[2])}" for r, a in sorted(rdv.arrivals.items()))
-            rdv.failed = (P.NCCL_INVALID_USAGE,
-                          f"{what} #{seq}: the ranks disagree on whom to exclude: {asked}; "
-                          f"rank {member.rank} excludes {list(excluded)}")
+            rdv.fail_with(P.NCCL_INVALID_USAGE, f"{what} #{seq}: the ranks disagree on whom to exclude: {asked}; "
+                                                f"rank {member.rank} excludes {list(excluded)}")
             for a in rdv.arrivals.values():
                 self._error(a[0].client, a[1], *rdv.failed)
-        if rdv.failed is not None:
+        if rdv.state is RendezvousState.FAILED:
             # Later callers of this shrink learn it failed at once (the entry expires on its deadline).
             self._error(client, rid, *rdv.failed)
             return
@@ -203,6 +208,7 @@ class CommunicatorsMixin:
             return
         del comm.shrinks[seq]
         self._waiting.pop(rdv, None)
+        rdv.complete()
         group = [rdv.arrivals[r] for r in survivors]
         name = next((a[3] for a in group if a[3]), "")
         new = self._new_comm(name, [a[0].client for a in group], [a[0].global_rank for a in group], comm.id)
@@ -220,7 +226,9 @@ class CommunicatorsMixin:
         comm = rdv.comm
         if comm.shrinks.get(rdv.seq) is rdv:
             del comm.shrinks[rdv.seq]
-        if rdv.failed is not None:
+        failed = rdv.state is RendezvousState.FAILED
+        rdv.expire()
+        if failed:   # its callers were answered when it failed
             return
         missing = [r for r in rdv.survivors() if r not in rdv.arrivals]
         msg = (f"ncclCommShrink #{rdv.seq} on {comm.label()} excluding {list(rdv.excluded)}: ranks {missing} did "
@@ -259,11 +267,11 @@ class CommunicatorsMixin:
 
     def _member_gone(self, member: Member, code: int, reason: str) -> None:
         """A member left (disconnect, abort, destroy): fail everything that waits on it."""
-        if member.gone is not None:
+        if member.state is MemberState.GONE:
             return
-        member.gone = (code, reason)
+        member.leave(code, reason)
         comm = member.comm
-        comm.gone_ranks[member.rank] = (code, reason)
+        comm.member_left(member.rank, code, reason)
         self.handles.pop(member.handle, None)
         if member in member.client.members:
             member.client.members.remove(member)
@@ -273,6 +281,7 @@ class CommunicatorsMixin:
                 continue
             del comm.slots[key]
             self._waiting.pop(slot, None)
+            slot.fail()
             seq = slot.seq
             arrived = [s for s in slot.steps if s is not None]
             op = describe_op(arrived[0].desc) if arrived else "?"
@@ -286,6 +295,7 @@ class CommunicatorsMixin:
         def fail_p2p(table: dict, k: tuple, s: Step, pair: tuple, msg: str) -> None:
             del table[k]
             self._waiting.pop(s, None)
+            s.fail()
             self._op_done(s.group, s.index, code, msg)   # a parked Send was answered: no-op
             self._parked_resolved(s, code, msg)
             if (pair, k[0]) not in reported:
@@ -307,25 +317,28 @@ class CommunicatorsMixin:
         for seq, rdv in list(comm.splits.items()):
             del comm.splits[seq]
             self._waiting.pop(rdv, None)
+            rdv.fail()
             for a in rdv.arrivals.values():
                 if a[0] is not member:
                     self._error(a[0].client, a[1], code, f"ncclCommSplit on {comm.label()}: {reason}")
         for seq, rdv in list(comm.shrinks.items()):
-            if rank in rdv.excluded or rdv.failed is not None:
+            if rank in rdv.excluded or rdv.state is RendezvousState.FAILED:
                 continue
-            rdv.failed = (code, f"ncclCommShrink on {comm.label()}: {reason}")
+            rdv.fail_with(code, f"ncclCommShrink on {comm.label()}: {reason}")
             for a in rdv.arrivals.values():
                 if a[0] is not member:
                     self._error(a[0].client, a[1], *rdv.failed)
         if comm.arena is not None:
-            comm.arena.set_failed(rank)
-            comm.arena.set_pending(len(comm.slots))
-        if all(m.gone is not None for m in comm.members):
+            self._arena_failed(comm, rank)
+            self._arena_pending(comm)
+        if all(m.state is MemberState.GONE for m in comm.members):
+            comm.free()
             self.comms.pop(comm.id, None)
             self._close_arena(comm.id)
 
     def _expire_init(self, rdv: InitRendezvous) -> None:
         self.inits.pop(rdv.uid, None)
+        rdv.expire()
         missing = [r for r in range(rdv.nranks) if r not in rdv.arrivals]
         msg = (f"communicator init {self._uid_label(rdv)} of {rdv.nranks} ranks: ranks {missing} did not "
                f"arrive within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: "
@@ -348,6 +361,7 @@ class CommunicatorsMixin:
     def _expire_split(self, rdv: SplitRendezvous) -> None:
         comm = rdv.comm
         comm.splits.pop(rdv.seq, None)
+        rdv.expire()
         missing = [r for r in range(comm.nranks) if r not in rdv.arrivals]
         msg = (f"ncclCommSplit #{rdv.seq} on {comm.label()}: ranks {missing} did not arrive within "
                f"{self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS); arrived: {sorted(rdv.arrivals)}")

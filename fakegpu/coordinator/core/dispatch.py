@@ -7,6 +7,8 @@ connection and returns *actions* for the I/O layer:
     (CLOSE, conn_id, reason)   close that connection after flushing what was queued
     (SHUTDOWN, None, reason)   write the reports and stop the coordinator
     (KILL, conn_id, pid)       SIGKILL that rank process (an injected fault); a CLOSE follows
+    (ARENA_*, arena, value)    write an arena's pending / failed / closing flag, or unlink it
+                               (core/common.py); performed before the batch's other actions
 
 ``Core.tick(now)`` fails whatever has waited past the timeout; ``Core.disconnect`` fails
 the peers of a process that went away. Time comes from the injected ``clock``
@@ -213,7 +215,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
         client = self.clients.pop(conn_id, None)
         if client is None:
             return self._out
-        client.closed = True
+        client.disconnect()
         if self._rank_holders.get(client.hello.global_rank) is client:
             del self._rank_holders[client.hello.global_rank]
         reason = client.close_reason or reason
@@ -232,6 +234,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
             if any(a[0] is client for a in rdv.arrivals.values()):
                 del self.inits[uid]
                 self._waiting.pop(rdv, None)
+                rdv.fail()
                 for rank, (c, rid, _) in rdv.arrivals.items():
                     if c is not client:
                         self._error(c, rid, P.NCCL_REMOTE_ERROR,
@@ -263,10 +266,12 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
                 self._expire_shrink(item)
         return self._out
 
-    def close(self) -> None:
-        """The coordinator is stopping: unlink every arena still there."""
+    def close(self) -> list:
+        """The coordinator is stopping: actions unlinking every arena still there (ARENA_CLOSE)."""
+        out = self._out = []
         for comm_id in list(self.arenas):
             self._close_arena(comm_id)
+        return out
 
     def max_body_len(self, conn_id: int) -> int:
         client = self.clients.get(conn_id)

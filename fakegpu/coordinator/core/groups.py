@@ -22,6 +22,7 @@ from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, 
                                           validate)
 from fakegpu.coordinator.collectives.numerics import step_offset
 from fakegpu.coordinator.registry import Client, Comm, Member
+from fakegpu.coordinator.states import RESULT_PENDING, MemberState
 
 from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
                      _MAX_SPLIT_GROUPS, _NO_PAYLOAD, _OPDESC_ITER, _OPDESC_SIZE, _OPDESC_UNPACK, _PREMUL,
@@ -158,7 +159,7 @@ class GroupsMixin:
             # More frames of this group follow: keep unmatched Send payloads here so the
             # peer's Recv (perhaps in a later frame of its own group) cannot deadlock.
             for step in queued_sends:
-                if group.results[step.index] == -1 and step.payload is None:
+                if group.results[step.index] == RESULT_PENDING and step.payload is None:
                     d = step.desc
                     # It stays in _waiting: a parked Send that is never received times out.
                     if group.split is not None:
@@ -174,7 +175,7 @@ class GroupsMixin:
                     self._op_done(group, step.index, 0, None)
 
     def _op_done(self, group: GroupState, index: int, result: int, message: Optional[str]) -> None:
-        if group.results[index] != -1:
+        if group.results[index] != RESULT_PENDING:
             return
         group.results[index] = result
         if result:
@@ -300,9 +301,10 @@ class GroupsMixin:
         if slot.arrived == comm.nranks:
             del comm.slots[key]
             del self._waiting[slot]
+            slot.match()
             self._run_slot(slot, now)
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
 
     def _answer_failed_step(self, table: dict, seq: int, failed: FailedCall, step: Step, nranks: int) -> None:
         """A step of a call that already failed: it fails the same way, at once."""
@@ -331,18 +333,19 @@ class GroupsMixin:
         for key in [k for k in comm.slots if k[0] == seq]:
             slot = comm.slots.pop(key)
             self._waiting.pop(slot, None)
+            slot.fail()
             for s in slot.steps:
                 if s is not None:
                     self._answer_failed_step(comm.failed_calls, seq, failed, s, comm.nranks)
         failed.done.update(comm.gone_ranks)
         self._keep_failed_call(comm.failed_calls, seq, failed, comm.nranks)
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
 
     @staticmethod
     def _forget_failed_calls(comm: Comm) -> None:
         """Drops failed calls every member has moved past (sent a later collective)."""
-        live = [m.collective_at for m in comm.members if m.gone is None]
+        live = [m.collective_at for m in comm.members if m.state is MemberState.LIVE]
         oldest = min(live) if live else float("inf")
         for seq in [q for q in comm.failed_calls if q < oldest]:
             del comm.failed_calls[seq]
@@ -361,6 +364,7 @@ class GroupsMixin:
             for s in steps:
                 if s.sig != sig:
                     msg = mismatch_message(comm, slot.seq, steps)
+                    slot.fail()
                     for t in steps:
                         self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
                     self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, started=slot.first_wall)
@@ -368,6 +372,7 @@ class GroupsMixin:
         else:
             rejected = "; ".join(f"rank {s.member.rank}: {s.error}" for s in steps if s.error)
             msg = f"{comm.label()} collective #{slot.seq}: invalid arguments ({rejected})"
+            slot.fail()
             codes = {}
             for t in steps:
                 code = P.NCCL_INVALID_ARGUMENT if t.error else P.NCCL_INVALID_USAGE
@@ -383,6 +388,7 @@ class GroupsMixin:
                    f"{[s.member.rank for s in steps if s.group.accounted]} run in proxy mode (real NCCL moves the "
                    f"data), ranks {[s.member.rank for s in steps if not s.group.accounted]} do not; every rank "
                    "must use the same FAKEGPU_DIST_MODE")
+            slot.fail()
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INVALID_USAGE, msg)
             self._fail_call(comm, slot.seq, steps, P.NCCL_INVALID_USAGE, msg, started=slot.first_wall)
@@ -392,6 +398,7 @@ class GroupsMixin:
             self.n_ops += 1
             if self.recording:
                 self._record_collective(slot, steps, first, dt, t0, t0)
+            slot.answer()
             for s in steps:
                 self._op_done(s.group, s.index, 0, None)
             return
@@ -411,6 +418,7 @@ class GroupsMixin:
                       first[D_TOTAL]),)
         job = Execution(self, slot, first, dt, EXECUTORS[kind], args,
                         sum(len(x) for x in ins) + sum(len(y) for y in outs))
+        slot.execute()
         queue = self._executing.get(comm.id)
         if queue is not None:      # an earlier collective of this communicator is still running
             queue.append(job)
@@ -428,6 +436,7 @@ class GroupsMixin:
             exc = job.error
             log.error("executing %s failed", describe_op(first), exc_info=(type(exc), exc, exc.__traceback__))
             msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
+            slot.fail()
             for t in steps:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
             self._fail_call(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg, started=slot.first_wall)
@@ -435,14 +444,16 @@ class GroupsMixin:
         self.n_ops += 1
         if self.recording:
             self._record_collective(slot, steps, first, job.dt, job.t0, job.t1)
+        slot.answer()
         for s in steps:
             self._op_done(s.group, s.index, 0, None)
 
     def _expire_slot(self, slot: Slot) -> None:
         comm = slot.comm
         comm.slots.pop((slot.seq, slot.step_index), None)
+        slot.expire()
         if comm.arena is not None:
-            comm.arena.set_pending(len(comm.slots))
+            self._arena_pending(comm)
         arrived = [s for s in slot.steps if s is not None]
         missing = [r for r, s in enumerate(slot.steps) if s is None]
         asked = "; ".join(f"rank {s.member.rank} asked {describe_op(s.desc)}" for s in arrived)

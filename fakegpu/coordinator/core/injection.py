@@ -32,7 +32,7 @@ class InjectionMixin:
         if fault.kind == "kill":
             info["action"] = self._kill(client)
         self._event("fault_injected", **info)
-        client.close_reason = f"injected fault {fault.text}"
+        client.close(f"injected fault {fault.text}")
         self._out.append((CLOSE, client.id, f"fault injected: {fault.text} at {where}"))
         return True
 

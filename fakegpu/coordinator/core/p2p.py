@@ -33,6 +33,7 @@ class P2PMixin:
             if not 0 <= peer < comm.nranks or peer == member.rank or d[D_MATCH_SEQ] == 0 \
                     or not d[D_STEP_INDEX] < d[D_STEP_TOTAL]:
                 # No pair to keep in step with: this rank's op alone fails.
+                step.fail()
                 self._op_done(step.group, step.index, P.NCCL_INVALID_ARGUMENT,
                               f"{comm.label()} rank {member.rank} {describe_op(d)}: {err}")
                 return False
@@ -53,6 +54,7 @@ class P2PMixin:
                 self._forget_failed_p2p(q)
         failed = q.failed.get(seq)
         if failed is not None:
+            step.fail()
             self._answer_failed_step(q.failed, seq, failed, step, 2)
             return False
         skey = (seq, d[D_STEP_INDEX])
@@ -60,6 +62,8 @@ class P2PMixin:
         other = theirs.pop(skey, None)
         if other is not None:
             self._waiting.pop(other, None)
+            other.match()
+            step.match()
             if sending:
                 self._match_p2p(comm, key, q, step, other)
             else:
@@ -68,15 +72,18 @@ class P2PMixin:
         if peer in comm.gone_ranks:
             what = (f"Send from rank {member.rank} to rank {peer}" if sending
                     else f"Recv on rank {member.rank} from rank {peer}")
+            step.fail()
             self._op_done(step.group, step.index, comm.gone_ranks[peer][0],
                           f"{comm.label()} {what}: {comm.gone_ranks[peer][1]}")
             return False
         if skey in mine:
+            step.fail()
             self._op_done(step.group, step.index, P.NCCL_INVALID_USAGE,
                           f"{comm.label()} rank {member.rank} sent step {d[D_STEP_INDEX]} of its "
                           f"{'Send' if sending else 'Recv'} #{seq} twice ({describe_op(d)})")
             return False
         step.deadline = now + self.timeout_s
+        step.queue()
         mine[skey] = step
         self._waiting[step] = None
         if sending and self._probes:
@@ -100,6 +107,7 @@ class P2PMixin:
             for skey in [k for k in table if k[0] == seq]:
                 s = table.pop(skey)
                 self._waiting.pop(s, None)
+                s.fail()
                 self._answer_failed_step(q.failed, seq, failed, s, 2)
                 self._parked_resolved(s, failed.code_for(s.member.rank), msg)
         self._keep_failed_call(q.failed, seq, failed, 2)
@@ -119,6 +127,8 @@ class P2PMixin:
                        f"rank {key[0]} sends {describe_op(sd)}; rank {key[1]} receives {describe_op(rd)}")
             codes = {s.member.rank: (P.NCCL_INVALID_ARGUMENT if s.error else P.NCCL_INVALID_USAGE)
                      for s in (send, recv)}
+            send.fail()
+            recv.fail()
             if send.payload is None:
                 self._op_done(send.group, send.index, codes[send.member.rank], msg)
             self._parked_resolved(send, codes[send.member.rank], msg)
@@ -131,11 +141,15 @@ class P2PMixin:
                 self.n_ops += 1
                 if self.recording:
                     self._record_p2p(comm, key, q, send, recv, t0, t0)
+                send.complete()
+                recv.complete()
                 self._op_done(send.group, send.index, 0, None)
                 self._op_done(recv.group, recv.index, 0, None)
                 return
             msg = (f"{comm.label()} Send/Recv #{q.matched - 1} from rank {key[0]} to rank {key[1]}: one side runs "
                    "in proxy mode and the other does not; every rank must use the same FAKEGPU_DIST_MODE")
+            send.fail()
+            recv.fail()
             if send.payload is None:
                 self._op_done(send.group, send.index, P.NCCL_INVALID_USAGE, msg)
             self._parked_resolved(send, P.NCCL_INVALID_USAGE, msg)
@@ -151,6 +165,8 @@ class P2PMixin:
         self.n_ops += 1
         if self.recording:
             self._record_p2p(comm, key, q, send, recv, t0, self.clock())
+        send.complete()
+        recv.complete()
         if send.payload is None:
             self._op_done(send.group, send.index, 0, None)
         self._parked_resolved(send, 0, None)
@@ -168,6 +184,7 @@ class P2PMixin:
             skey = (d[D_MATCH_SEQ], d[D_STEP_INDEX])
             if table.get(skey) is step:
                 del table[skey]
+        step.expire()
         msg = (f"{comm.label()} rank {me} {describe_op(d)}: rank {peer} did not post the matching "
                f"{'Recv' if sending else 'Send'} within {self.timeout_ms} ms (FAKEGPU_COORDINATOR_TIMEOUT_MS)")
         log.warning("timeout: %s", msg)
