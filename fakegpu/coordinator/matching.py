@@ -80,34 +80,19 @@ class Step(Machine):
 
     # Send/Recv transitions (states.P2P_TRANSITIONS).
     def queue(self) -> None:
-        new = _P2P_QUEUE.get(self.state)
-        if new is None:
-            self._illegal("queue")
-        self.state = new
+        self._move(_P2P_QUEUE, "queue")
 
     def match(self) -> None:
-        new = _P2P_MATCH.get(self.state)
-        if new is None:
-            self._illegal("match")
-        self.state = new
+        self._move(_P2P_MATCH, "match")
 
     def complete(self) -> None:
-        new = _P2P_COMPLETE.get(self.state)
-        if new is None:
-            self._illegal("complete")
-        self.state = new
+        self._move(_P2P_COMPLETE, "complete")
 
     def fail(self) -> None:
-        new = _P2P_FAIL.get(self.state)
-        if new is None:
-            self._illegal("fail")
-        self.state = new
+        self._move(_P2P_FAIL, "fail")
 
     def expire(self) -> None:
-        new = _P2P_EXPIRE.get(self.state)
-        if new is None:
-            self._illegal("expire")
-        self.state = new
+        self._move(_P2P_EXPIRE, "expire")
 
 
 class Slot(Machine):
@@ -129,38 +114,23 @@ class Slot(Machine):
 
     def match(self) -> None:
         """WAITING -> MATCHED: the last rank arrived (the slot left comm.slots and the deadline queue)."""
-        new = _SLOT_MATCH.get(self.state)
-        if new is None:
-            self._illegal("match")
-        self.state = new
+        self._move(_SLOT_MATCH, "match")
 
     def execute(self) -> None:
         """MATCHED -> EXECUTING: its Execution was run, offloaded or queued."""
-        new = _SLOT_EXECUTE.get(self.state)
-        if new is None:
-            self._illegal("execute")
-        self.state = new
+        self._move(_SLOT_EXECUTE, "execute")
 
     def answer(self) -> None:
         """MATCHED/EXECUTING -> ANSWERED: every rank's op succeeded."""
-        new = _SLOT_ANSWER.get(self.state)
-        if new is None:
-            self._illegal("answer")
-        self.state = new
+        self._move(_SLOT_ANSWER, "answer")
 
     def fail(self) -> None:
         """WAITING/MATCHED/EXECUTING -> FAILED."""
-        new = _SLOT_FAIL.get(self.state)
-        if new is None:
-            self._illegal("fail")
-        self.state = new
+        self._move(_SLOT_FAIL, "fail")
 
     def expire(self) -> None:
         """WAITING -> EXPIRED: ranks missing at the deadline."""
-        new = _SLOT_EXPIRE.get(self.state)
-        if new is None:
-            self._illegal("expire")
-        self.state = new
+        self._move(_SLOT_EXPIRE, "expire")
 
 
 class FailedCall:
