@@ -66,9 +66,12 @@ class TestDistributedSuite(TestDistBackend, DistributedTest._DistTestBase):
 
 
 class _Recorder(unittest.TextTestResult):
+    json_path: str | None = None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.outcomes: dict[str, str] = {}
+        self.json_path = _Recorder.json_path
         self._started = {}
 
     def startTest(self, test):
@@ -77,6 +80,10 @@ class _Recorder(unittest.TextTestResult):
 
     def _set(self, test, outcome):
         self.outcomes[test.id().rsplit(".", 1)[-1]] = outcome
+        if self.json_path:  # after every test, so a run cut short still leaves what finished
+            with open(self.json_path + ".tmp", "w") as fh:
+                json.dump(self.outcomes, fh, indent=1, sort_keys=True)
+            os.replace(self.json_path + ".tmp", self.json_path)
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -128,7 +135,9 @@ def main(argv=None) -> int:
         print("\n".join(names))
         return 0
     suite = unittest.TestSuite(TestDistributedSuite(n) for n in names)
-    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=1, stream=sys.stderr)
+    _Recorder.json_path = args.json
+    # verbosity 2: one line per test as it ends, so a long run's log shows where it is
+    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=2, stream=sys.stderr)
     result = runner.run(suite)
     if args.json:
         with open(args.json, "w") as fh:
