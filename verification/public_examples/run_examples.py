@@ -244,6 +244,9 @@ def run_one(source: Path, program: Program, kind: str, root: Path, timeout: floa
                    "--report", str(workdir / "report.json"), "--", *torchrun]
     else:
         env["PYTHONPATH"] = str(HERE / "observer")
+        # The port is plain torch: a fakegpu installed into the environment (its
+        # torch.backends entry point) must not load into it.
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         command = torchrun
     started = time.monotonic()
     done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,

@@ -176,7 +176,10 @@ def main(argv=None) -> int:
     print("| config | ranks | steps | losses fake CUDA | losses CPU port | equal? | step fake | step port | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for config, fake, port, same in rows:
-        kind = "bit for bit" if config.two_rank_groups else "rtol 1e-5"
+        # Say what was measured, not only what was required: an rtol-1e-5 configuration whose
+        # losses and gradient norms are identical is reported bit for bit.
+        identical = fake.losses == port.losses and fake.grad_norms == port.grad_norms
+        kind = "bit for bit" if config.two_rank_groups or (same and identical) else "rtol 1e-5"
         verdict = f"yes ({kind})" if same else f"NO ({kind})"
         fs, ps = median_step_s(fake), median_step_s(port)
         print(f"| {config.name} | {RANKS} | {len(fake.losses)} | "
