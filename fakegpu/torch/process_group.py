@@ -38,7 +38,7 @@ import torch.distributed as dist
 from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
 
 from . import now
-from ._types import Buffer, Reduction, buffer_of, reduction_of
+from ._types import Reduction, buffer_of, reduction_of
 from .work import FakeGpuWork, Op, Stream, Task, backend_error
 
 BACKEND_NAME = "fakegpu"
