@@ -22,6 +22,7 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from fakegpu.torch import BACKEND_NAME, FakeGpuProcessGroup, register
+from fakegpu.torch.process_group import tries_now
 
 _installed = False
 
@@ -93,6 +94,22 @@ _COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allg
                 "recv_anysource")
 
 
+def _below_the_modes(method, disable_current_modes):
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch._C.DisableTorchFunction(), disable_current_modes():
+            return method(self, *args, **kwargs)
+    return run
+
+
+def _without_torch_function(method):
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return method(self, *args, **kwargs)
+    return run
+
+
 def _collectives_below_the_modes() -> None:
     """The fakegpu backend's collectives run with the device-rewrite and tracking modes off.
 
@@ -107,24 +124,14 @@ def _collectives_below_the_modes() -> None:
             continue
 
         run_now = getattr(method, "now", None)
-        if run_now is not None:
+        if run_now is None:
+            run = _below_the_modes(method, _disable_current_modes)
+        else:
             # A blocking call the caller's thread runs at once (fakegpu.torch.now) makes no
             # tensors, so only the torch-function mode (its tensor queries) is turned off;
             # turning the dispatch modes off and on would cost more than the call.
-            @functools.wraps(method)
-            def run(self, *args, _now=run_now, _queued=method.queued, **kwargs):
-                with torch._C.DisableTorchFunction():
-                    work = _now(self, *args, **kwargs)
-                if work is not None:
-                    return work
-                with torch._C.DisableTorchFunction(), _disable_current_modes():
-                    return _queued(self, *args, **kwargs)
-        else:
-            @functools.wraps(method)
-            def run(self, *args, _method=method, **kwargs):
-                with torch._C.DisableTorchFunction(), _disable_current_modes():
-                    return _method(self, *args, **kwargs)
-
+            run = tries_now(_without_torch_function(run_now))(
+                _below_the_modes(method.queued, _disable_current_modes))
         run._below_modes = True
         setattr(FakeGpuProcessGroup, name, run)
 

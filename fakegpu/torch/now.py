@@ -25,7 +25,7 @@ import torch
 from fakegpu.nccl import Comm, NcclError
 
 from ._types import builtin_op_of, native_dtype_of
-from .work import finished_work
+from .work import call_error, finished_work
 
 if TYPE_CHECKING:
     from .process_group import FakeGpuProcessGroup
@@ -52,9 +52,7 @@ def _run(group: "FakeGpuProcessGroup", what: str, outputs: list, method: Callabl
         if not group._stream.run_now(what, method, comm, *args):
             return None
     except NcclError as exc:
-        from .process_group import _as_error
-
-        raise _as_error(what, group.comm_name, exc) from exc
+        raise call_error(what, group.comm_name, exc) from exc
     return finished_work(outputs)
 
 

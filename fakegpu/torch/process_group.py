@@ -39,7 +39,7 @@ from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
 
 from . import now
 from ._types import Reduction, buffer_of, reduction_of
-from .work import FakeGpuWork, Op, Stream, Task, backend_error
+from .work import FakeGpuWork, Op, Stream, Task, backend_error, call_error
 
 BACKEND_NAME = "fakegpu"
 _UID_KEY = "fakegpu/unique_id"
@@ -64,10 +64,6 @@ def library() -> Nccl:
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
 # The kind (and the Work's name) of a recv without a source rank (recv_anysource).
 _RECV_ANY = "recv from any source"
-
-
-def _as_error(what: str, group: str, exc: BaseException) -> BaseException:
-    return backend_error(f"fakegpu: {what} on process group {group!r} failed: {exc}")
 
 
 def _join_notification_code():
@@ -98,7 +94,7 @@ def _for_ddp_join() -> bool:
 _JOIN_CODE = False
 
 
-def _tries_now(run_now):
+def tries_now(run_now):
     """The operation first tries ``run_now(group, ...)`` (:mod:`fakegpu.torch.now`: a blocking
     call run at once on the caller's thread), and takes the decorated, queued path when that
     answers None.  Both halves stay reachable (``.now``, ``.queued``) for wrappers that must
@@ -264,7 +260,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                     uid = bytes(self._store.get(key))
                 self._comm = nccl.comm_init_rank(self.size(), uid, self.rank(), name=self.comm_name)
             except NcclError as exc:
-                raise _as_error("communicator init", self.comm_name, exc) from exc
+                raise call_error("communicator init", self.comm_name, exc) from exc
             return self._comm
 
     @property
@@ -298,7 +294,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                     with library().group() if grouped else nullcontext():
                         body(comm)
                 except NcclError as exc:
-                    raise _as_error(what, self.comm_name, exc) from exc
+                    raise call_error(what, self.comm_name, exc) from exc
                 if after is not None:
                     after()
 
@@ -330,7 +326,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                 if temp is not None:
                     comm.destroy_op(temp)
 
-    @_tries_now(now.allreduce)
+    @tries_now(now.allreduce)
     def allreduce(self, tensors, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if any(t.is_sparse for t in tensors):
@@ -361,7 +357,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                          grouped=True, after=self._commit_all(items))
 
     # -- broadcast / reduce -------------------------------------------------------------------
-    @_tries_now(now.broadcast)
+    @tries_now(now.broadcast)
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         root_tensor = opts.rootTensor if opts is not None else 0
@@ -485,11 +481,11 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
                          after=self._commit_all([out for out, _ in items]))
 
-    @_tries_now(now.allgather_base)
+    @tries_now(now.allgather_base)
     def _allgather_base(self, output, input_, opts=None):
         return self._allgather_single("_allgather_base", [(output, input_)])
 
-    @_tries_now(now.allgather_base)
+    @tries_now(now.allgather_base)
     def all_gather_single(self, output, input_, opts=None):
         return self._allgather_single("all_gather_single", [(output, input_)])
 
@@ -544,12 +540,12 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         pairs = [(out, _flat_cat(blocks).to(out.dtype)) for out, blocks in zip(output_tensors, input_lists)]
         return self._reduce_scatter_pairs("reduce_scatter", pairs, reduce_op)
 
-    @_tries_now(now.reduce_scatter_base)
+    @tries_now(now.reduce_scatter_base)
     def _reduce_scatter_base(self, output, input_, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._reduce_scatter_pairs("_reduce_scatter_base", [(output, input_)], reduce_op)
 
-    @_tries_now(now.reduce_scatter_base)
+    @tries_now(now.reduce_scatter_base)
     def reduce_scatter_single(self, output, input_, opts=None):
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._reduce_scatter_pairs("reduce_scatter_single", [(output, input_)], reduce_op)
@@ -803,7 +799,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                             if enqueued is not None:
                                 enqueued.set()   # the calls hold their match numbers now
                 except NcclError as exc:
-                    raise _as_error("send/recv", self.comm_name, exc) from exc
+                    raise call_error("send/recv", self.comm_name, exc) from exc
 
             def run_any_source() -> None:
                 fixed = [entry for entry in pending if entry[0] != _RECV_ANY]
@@ -831,7 +827,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                         try:
                             peer = comm.probe_source(probe_timeout_ms)
                         except NcclError as exc:
-                            raise _as_error(_RECV_ANY, self.comm_name, exc) from exc
+                            raise call_error(_RECV_ANY, self.comm_name, exc) from exc
                         op.source_rank = peer
                         issue([("recv", item, peer, op)])
                 finally:

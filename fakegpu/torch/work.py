@@ -56,6 +56,11 @@ def backend_error(message: str) -> BaseException:
     return _BackendError(message)
 
 
+def call_error(what: str, group: str, exc: BaseException) -> BaseException:
+    """The error an operation of process group ``group`` raises when its NCCL call failed."""
+    return backend_error(f"fakegpu: {what} on process group {group!r} failed: {exc}")
+
+
 def _cpp_error(message: str):
     """What the C++ wait callback returns for a failed op.
 
