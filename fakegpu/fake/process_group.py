@@ -25,6 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fakegpu.torch._types import reduction_of
+from fakegpu.torch.group_base import GroupBase, reduce_op_of
+from fakegpu.torch.work import finished_work
+
 from . import contract as _contract
 from . import runtime, semantics
 
@@ -89,100 +93,44 @@ class _Buf:
                 self.tensor.copy_(self.buffer)
 
 
-def _reduction(opts, tensor: torch.Tensor) -> tuple[str, Optional[float]]:
-    reduce_op = opts.reduceOp if opts is not None and hasattr(opts, "reduceOp") else dist.ReduceOp.SUM
+_BITWISE = (_OPS.BAND, _OPS.BOR, _OPS.BXOR)
+
+
+def _reduction(reduce_op, tensor: torch.Tensor) -> tuple[str, Optional[float]]:
+    """The fake reduction of ``reduce_op`` on ``tensor``: the real backend's translation
+    (fakegpu.torch._types.reduction_of, so both refuse the same ops), named for
+    fakegpu.fake.semantics; ("premulsum", factor) for PreMulSum."""
     op = getattr(reduce_op, "op", reduce_op)
-    if op == _OPS.PREMUL_SUM:
-        factor = reduce_op.factor
-        if isinstance(factor, torch.Tensor):
-            factor = factor.item()
-        return "premulsum", float(factor)
-    if tensor.dtype == torch.bool:
-        return ("max" if op in (_OPS.SUM, _OPS.MAX, _OPS.BOR) else "min"), None
-    names = {_OPS.SUM: "sum", _OPS.AVG: "avg", _OPS.PRODUCT: "prod", _OPS.MIN: "min", _OPS.MAX: "max"}
-    if op in (_OPS.BAND, _OPS.BOR, _OPS.BXOR) and not tensor.is_floating_point():
-        # identical operands: x & x = x | x = x; x ^ x ^ ... = x for odd n, 0 for even n
+    if op in _BITWISE and not tensor.is_floating_point() and not tensor.is_complex():
+        # NCCL has none, but with identical operands they are known: x & x = x | x = x, and
+        # x ^ x ^ ... is x for an odd count, 0 for an even one.
         return ("bxor" if op == _OPS.BXOR else "max"), None
-    if op not in names:
-        raise ValueError(f"fakegpu_fake: reduce op {op} is not supported")
-    return names[op], None
+    reduction = reduction_of(reduce_op, tensor.dtype)
+    if reduction.premul_factor is not None:
+        return "premulsum", reduction.premul_factor
+    return reduction.op.name, None
 
 
-class FakeWorldWork(dist.Work):
-    def __init__(self, outputs: Sequence[torch.Tensor], source_rank: int = -1):
-        super().__init__()
-        self._outputs = list(outputs)
-        self._source_rank = source_rank
-
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - already complete
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        # DDP chains its bucket hooks on this future and never calls wait().
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._outputs)
-        return fut
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._outputs
-
-    def source_rank(self) -> int:
-        return self._source_rank
-
-    def synchronize(self) -> None:
-        pass
-
-
-class FakeWorldProcessGroup(dist.ProcessGroup):
+class FakeWorldProcessGroup(GroupBase):
     """One communicator of a fake world, as seen by the rank this process plays."""
+
+    BACKEND_NAME = BACKEND_NAME
+    UNNAMED_COMM = "fakegpu_fake_group"
 
     def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None, *,
                  global_ranks: Optional[Sequence[int]] = None, group_name: str = "",
                  group_desc: str = "", world: Optional[runtime.FakeWorld] = None):
-        super().__init__(rank, size)
+        super().__init__(rank, size, group_name=group_name, group_desc=group_desc)
         self._store = store
         self._timeout = timeout or timedelta(minutes=5)
         self._members: Optional[tuple[int, ...]] = tuple(int(g) for g in global_ranks) if global_ranks else None
-        self._group_name = group_name
-        self._group_desc = group_desc
         self._world = world or runtime.get_or_create()
         self._real = None          # gloo group among physical members, made on first use
         self._real_checked = False
-        self._split_count = 0
         if self._members is not None and len(self._members) != size:
             raise ValueError(f"fakegpu_fake: {len(self._members)} global ranks for a group of size {size}")
 
-    # -- identity ---------------------------------------------------------------------------------
-    def getBackendName(self) -> str:  # noqa: N802 - C++ name
-        return BACKEND_NAME
-
-    def getGroupName(self) -> str:  # noqa: N802
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = name
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._group_desc = desc
-
-    @property
-    def comm_name(self) -> str:
-        if self._group_desc and self._group_desc != "undefined":
-            return self._group_desc
-        return f"group_{self._group_name}" if self._group_name else "fakegpu_fake_group"
-
+    # -- identity (the rest is GroupBase's) ---------------------------------------------------
     @property
     def members(self) -> tuple[int, ...]:
         """Global logical rank of each member (index = rank in this group)."""
@@ -229,19 +177,18 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         self._world.comm_op(self.comm_name, self.members, self.rank(), kind, _dtype_name(tensor_np),
                             tensor_np.dtype.itemsize, count, redop=redop, root=root, peer=peer)
 
-    def _reduce_local(self, buf: _Buf, opts, values: Optional[np.ndarray] = None) -> np.ndarray:
-        redop, scale = _reduction(opts, buf.tensor)
+    def _reduce_local(self, buf: _Buf, reduce_op, values: Optional[np.ndarray] = None) -> np.ndarray:
+        redop, scale = _reduction(reduce_op, buf.tensor)
         x = buf.np if values is None else values
         if redop == "bxor":
             return x.copy() if self.size() % 2 else np.zeros_like(x)
         return semantics.reduce_symmetric(x, self.size(), redop, scale)
 
     # -- all-reduce -------------------------------------------------------------------------------
-    def _real_reduction(self, opts, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+    def _real_reduction(self, reduce_op, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                         issue, opts_type) -> None:
         """Run a reduction on the real (gloo) group: AVG and PREMUL_SUM, which gloo lacks,
         become a SUM with the scaling done here, as NCCL would compute them."""
-        reduce_op = opts.reduceOp if opts is not None and hasattr(opts, "reduceOp") else dist.ReduceOp.SUM
         op = getattr(reduce_op, "op", reduce_op)
         o = opts_type()
         o.reduceOp = dist.ReduceOp.SUM if op in (_OPS.AVG, _OPS.PREMUL_SUM) else reduce_op
@@ -259,13 +206,14 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                     t.copy_(torch.div(t, n, rounding_mode="trunc"))
 
     def allreduce(self, tensors, opts=None):
+        reduce_op = reduce_op_of(opts)
         real = self._real_group()
         for t in tensors:
             b = _Buf(t)
-            redop, _ = _reduction(opts, t)
+            redop, _ = _reduction(reduce_op, t)
             self._account("AllReduce", b.np, b.np.size, redop=redop)
             if real is None:
-                b.set(self._reduce_local(b, opts))
+                b.set(self._reduce_local(b, reduce_op))
                 continue
             result = []
 
@@ -275,18 +223,18 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                     return real.allreduce(inputs, o)
                 return real.allreduce([buf], o)
 
-            self._real_reduction(opts, [b.buffer], [b.buffer], issue, dist.AllreduceOptions)
+            self._real_reduction(reduce_op, [b.buffer], [b.buffer], issue, dist.AllreduceOptions)
             with torch.no_grad():
                 if result:
                     b.buffer.copy_(result[0])
                 if b.buffer.data_ptr() != b.tensor.data_ptr():
                     b.tensor.copy_(b.buffer)
-        return FakeWorldWork(tensors)
+        return finished_work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         for t in tensors:
             self.allreduce([t], opts)
-        return FakeWorldWork(tensors)
+        return finished_work(tensors)
 
     # -- broadcast / reduce -----------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -302,27 +250,27 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             if b.buffer.data_ptr() != b.tensor.data_ptr():
                 with torch.no_grad():
                     b.tensor.copy_(b.buffer)
-        return FakeWorldWork(tensors)   # fake: the root held what we hold
+        return finished_work(tensors)   # fake: the root held what we hold
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         t = tensors[opts.rootTensor if opts is not None else 0]
         b = _Buf(t)
-        redop, _ = _reduction(opts, t)
+        reduce_op = reduce_op_of(opts)
+        redop, _ = _reduction(reduce_op, t)
         self._account("Reduce", b.np, b.np.size, redop=redop, root=root)
         real = self._real_group()
         if real is not None:
             return real.reduce(tensors, opts)
         if self.rank() == root:
-            b.set(self._reduce_local(b, opts))
-        return FakeWorldWork(tensors)
+            b.set(self._reduce_local(b, reduce_op))
+        return finished_work(tensors)
 
     # -- all-gather -------------------------------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._check_lists("allgather", output_tensors, input_tensors)
         real = self._real_group()
         for outs, inp in zip(output_tensors, input_tensors):
-            if len(outs) != self.size():
-                raise ValueError(f"fakegpu_fake allgather: need {self.size()} outputs, got {len(outs)}")
             src = _Buf(inp)
             self._account("AllGather", src.np, src.np.size)
             if real is None:
@@ -332,15 +280,12 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
                     _Buf(out).set(src.np)
         if real is not None:
             return real.allgather(output_tensors, input_tensors)
-        return FakeWorldWork([t for outs in output_tensors for t in outs])
+        return finished_work([t for outs in output_tensors for t in outs])
 
-    def _allgather_pairs(self, pairs):
+    def _allgather_pairs(self, what: str, pairs):
         real = self._real_group()
         outs = []
         for output, input_ in pairs:
-            if output.numel() != input_.numel() * self.size():
-                raise ValueError(f"fakegpu_fake all-gather: output has {output.numel()} elements, "
-                                 f"expected {self.size()} x {input_.numel()}")
             src = _Buf(input_)
             self._account("AllGather", src.np, src.np.size)
             out = _Buf(output)
@@ -352,33 +297,18 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             else:
                 out.set(semantics.all_gather(src.np, self.size()))
             outs.append(output)
-        return FakeWorldWork(outs)
-
-    def _allgather_base(self, output, input_, opts=None):
-        return self._allgather_pairs([(output, input_)])
-
-    def all_gather_single(self, output, input_, opts=None):
-        return self._allgather_pairs([(output, input_)])
-
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._allgather_pairs(list(zip(outputs, inputs)))
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self._allgather_pairs(list(zip(outputs, inputs)))
+        return finished_work(outs)
 
     # -- reduce-scatter ---------------------------------------------------------------------------
-    def _reduce_scatter_pairs(self, pairs, opts):
+    def _reduce_scatter_pairs(self, what: str, pairs, reduce_op):
         real = self._real_group()
         outs = []
         for output, input_ in pairs:
-            if input_.numel() != output.numel() * self.size():
-                raise ValueError(f"fakegpu_fake reduce-scatter: input has {input_.numel()} elements, "
-                                 f"expected {self.size()} x {output.numel()}")
             out, src = _Buf(output), _Buf(input_)
-            redop, scale = _reduction(opts, output)
+            redop, _ = _reduction(reduce_op, output)
             self._account("ReduceScatter", out.np, out.np.size, redop=redop)
             if real is not None:
-                self._real_reduction(opts, [src.buffer], [out.buffer],
+                self._real_reduction(reduce_op, [src.buffer], [out.buffer],
                                      lambda ins, o: real._reduce_scatter_base(out.buffer, ins[0], o),
                                      dist.ReduceScatterOptions)
                 if out.buffer.data_ptr() != out.tensor.data_ptr():
@@ -387,29 +317,18 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             else:
                 c = out.np.size
                 share = src.np[self.rank() * c:(self.rank() + 1) * c]
-                out.set(self._reduce_local(out, opts, values=share))
+                out.set(self._reduce_local(out, reduce_op, values=share))
             outs.append(output)
-        return FakeWorldWork(outs)
+        return finished_work(outs)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
-        pairs = [(out, torch.cat([b.reshape(-1) for b in blocks]).to(out.dtype))
-                 for out, blocks in zip(output_tensors, input_lists)]
-        return self._reduce_scatter_pairs(pairs, opts)
-
-    def _reduce_scatter_base(self, output, input_, opts=None):
-        return self._reduce_scatter_pairs([(output, input_)], opts)
-
-    def reduce_scatter_single(self, output, input_, opts=None):
-        return self._reduce_scatter_pairs([(output, input_)], opts)
-
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._reduce_scatter_pairs(list(zip(outputs, inputs)), opts)
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return self._reduce_scatter_pairs(list(zip(outputs, inputs)), opts)
+        self._check_lists("reduce_scatter", input_lists, output_tensors)
+        inputs = [torch.cat([b.reshape(-1) for b in blocks]).to(out.dtype)
+                  for out, blocks in zip(output_tensors, input_lists)]
+        return self._reduce_scatter_as("reduce_scatter", output_tensors, inputs, opts)
 
     # -- all-to-all -------------------------------------------------------------------------------
-    def _all_to_all_single(self, output, input_, output_splits, input_splits):
+    def _all_to_all_single(self, what: str, output, input_, output_splits, input_splits):
         n = self.size()
         out, src = _Buf(output), _Buf(input_)
         per_rank = src.np.size // n if src.np.size % n == 0 else max(src.np.size // n, 1)
@@ -425,18 +344,10 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             ins = list(input_splits) or [input_.shape[0] // n] * n
             outs = list(output_splits) or [output.shape[0] // n] * n
             out.set(semantics.all_to_all(src.np, n, self.rank(), ins, outs, row=row))
-        return FakeWorldWork([output])
-
-    def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
-        return self._all_to_all_single(output, input_, output_split_sizes, input_split_sizes)
-
-    def all_to_all_single(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
-        return self._all_to_all_single(output, input_, output_split_sizes, input_split_sizes)
+        return finished_work([output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        n = self.size()
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise ValueError(f"fakegpu_fake alltoall: need {n} input and {n} output tensors")
+        self._check_alltoall_lists(output_tensors, input_tensors)
         mine = _Buf(input_tensors[self.rank()])
         self._account("AlltoAll", mine.np, mine.np.size)
         real = self._real_group()
@@ -448,7 +359,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             k = min(values.size, mine.np.size)
             values[:k] = mine.np[:k]
             ob.set(values)
-        return FakeWorldWork(output_tensors)
+        return finished_work(output_tensors)
 
     # -- gather / scatter -------------------------------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -461,7 +372,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         if self.rank() == root:
             for out in output_tensors[0]:
                 _Buf(out).set(src.np)
-        return FakeWorldWork([t for outs in output_tensors for t in outs])
+        return finished_work([t for outs in output_tensors for t in outs])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -474,7 +385,7 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
             out.set(_Buf(input_tensors[0][self.rank()]).np)
         else:
             out.set(np.zeros(out.np.size, dtype=out.np.dtype))
-        return FakeWorldWork(output_tensors)
+        return finished_work(output_tensors)
 
     # -- barrier ----------------------------------------------------------------------------------
     def barrier(self, opts=None):
@@ -486,37 +397,28 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         self.barrier()
 
     # -- point to point ---------------------------------------------------------------------------
-    def _check_peer(self, kind: str, tensors, peer: int) -> _Buf:
-        if len(tensors) != 1:
-            raise ValueError(f"fakegpu_fake {kind}: expected one tensor, got {len(tensors)}")
-        if not 0 <= peer < self.size() or peer == self.rank():
-            raise ValueError(f"fakegpu_fake {kind}: peer {peer} is not another rank of this "
-                             f"{self.size()}-rank group (this is rank {self.rank()})")
-        return _Buf(tensors[0])
-
-    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
-        b = self._check_peer("send", tensors, dstRank)
-        self._account("SendRecv", b.np, b.np.size, root=self.rank(), peer=dstRank)
+    def _point_to_point(self, kind: str, tensors, peer: int):
+        self._check_peer(kind, tensors, peer)
+        b = _Buf(tensors[0])
+        sending = kind == "send"
+        me = self.rank()
+        self._account("SendRecv", b.np, b.np.size, root=me if sending else peer, peer=peer if sending else me)
         real = self._real_group()
-        if real is not None:
-            return real.send([b.buffer], dstRank, tag)
-        _exchange.send(self._exchange_key, self.rank(), self.size(), dstRank, b.np)
-        return FakeWorldWork(tensors)
-
-    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
-        b = self._check_peer("recv", tensors, srcRank)
-        self._account("SendRecv", b.np, b.np.size, root=srcRank, peer=self.rank())
-        real = self._real_group()
+        if sending:
+            if real is not None:
+                return real.send([b.buffer], peer, 0)
+            _exchange.send(self._exchange_key, me, self.size(), peer, b.np)
+            return finished_work(list(tensors))
         if real is not None:
             if b.buffer.data_ptr() != b.tensor.data_ptr():
-                real.recv([b.buffer], srcRank, tag).wait()
+                real.recv([b.buffer], peer, 0).wait()
                 with torch.no_grad():
                     b.tensor.copy_(b.buffer)
-                return FakeWorldWork(tensors, source_rank=srcRank)
-            return real.recv([b.buffer], srcRank, tag)
-        data, _ = _exchange.recv(self._exchange_key, self.rank(), self.size(), srcRank, b.np.size, b.np.dtype)
+                return finished_work(list(tensors))
+            return real.recv([b.buffer], peer, 0)
+        data, _ = _exchange.recv(self._exchange_key, me, self.size(), peer, b.np.size, b.np.dtype)
         b.set(data)
-        return FakeWorldWork(tensors, source_rank=srcRank)
+        return finished_work(list(tensors))
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("fakegpu_fake: recv from any source is not supported (NCCL has no "
@@ -532,19 +434,13 @@ class FakeWorldProcessGroup(dist.ProcessGroup):
         """The caller's subgroup made of ``ranks`` (ranks of this group), None if not a member.
 
         Local: in a fake world nobody else takes part in the split."""
-        ranks = sorted(int(r) for r in ranks)
-        self._split_count += 1
+        ranks, name, desc = self._next_split(ranks, group_name, group_desc)
         if self.rank() not in ranks:
             return None
         members = [self.members[r] for r in ranks]
-        name = group_name or f"{self._group_name}_split{self._split_count}"
-        desc = group_desc or f"{self.comm_name}:split:{self._split_count}"
         return FakeWorldProcessGroup(self._store, ranks.index(self.rank()), len(ranks), timeout,
                                      global_ranks=members, group_name=name, group_desc=desc,
                                      world=self._world)
-
-    def comm_split_count(self) -> int:
-        return self._split_count
 
     # -- life cycle -------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -119,7 +119,7 @@ def _collectives_below_the_modes() -> None:
     from torch.utils._python_dispatch import _disable_current_modes
 
     for name in _COLLECTIVES:
-        method = FakeGpuProcessGroup.__dict__.get(name)
+        method = getattr(FakeGpuProcessGroup, name, None)
         if method is None or getattr(method, "_below_modes", False):
             continue
 

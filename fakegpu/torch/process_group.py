@@ -39,6 +39,7 @@ from fakegpu.nccl import SPLIT_NOCOLOR, Comm, Nccl, NcclError, RedOp
 
 from . import now
 from ._types import Reduction, buffer_of, reduction_of
+from .group_base import GroupBase, reduce_op_of
 from .work import FakeGpuWork, Op, Stream, Task, backend_error, call_error
 
 BACKEND_NAME = "fakegpu"
@@ -170,21 +171,21 @@ class _BackendView:
         return getattr(self._group, name)
 
 
-class FakeGpuProcessGroup(dist.ProcessGroup):
+class FakeGpuProcessGroup(GroupBase):
     """A process group whose collectives run through the fakegpu NCCL shim."""
+
+    BACKEND_NAME = BACKEND_NAME
+    UNNAMED_COMM = "fakegpu_group"
 
     def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None, *,
                  comm: Optional[Comm] = None, group_name: str = "", group_desc: str = ""):
-        super().__init__(rank, size)
+        super().__init__(rank, size, group_name=group_name, group_desc=group_desc)
         self._store = store
         self._timeout = timeout
         self._comm = comm
-        self._group_name = group_name
-        self._group_desc = group_desc
         self._lock = threading.RLock()
         self._pending_p2p: list[tuple[str, _Contiguous, int, Op]] = []
         self._stream_: Optional[Stream] = None
-        self._split_count = 0
         self._closed = False
         # Before any communicator of this group exists: the shim reads the order at creation.
         self._gloo_order = _reduction_order_is_gloo()
@@ -195,22 +196,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         except (TypeError, RuntimeError):  # a torch whose binding wants a Backend object
             pass
 
-    # -- identity (forwarded from C++ by the trampoline) --------------------------------------
-    def getBackendName(self) -> str:  # noqa: N802 - C++ name
-        return BACKEND_NAME
-
-    def getGroupName(self) -> str:  # noqa: N802
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = name
-        self._maybe_connect_early()
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._group_desc = desc
+    # -- identity (the rest is GroupBase's) ---------------------------------------------------
+    def _identity_changed(self) -> None:
         self._maybe_connect_early()
 
     def _get_backend(self, device):
@@ -218,14 +205,6 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         if device_type != "cpu":
             raise RuntimeError(f"No backend type associated with device type {device_type}")
         return _BackendView(self)
-
-    @property
-    def comm_name(self) -> str:
-        """The communicator name the coordinator sees: the group's description when torch gave
-        one ("default_pg", "mesh_tp"), else its name."""
-        if self._group_desc and self._group_desc != "undefined":
-            return self._group_desc
-        return f"group_{self._group_name}" if self._group_name else "fakegpu_group"
 
     def __repr__(self) -> str:
         return (f"<FakeGpuProcessGroup {self.comm_name!r} rank {self.rank()}/{self.size()}"
@@ -328,7 +307,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
 
     @tries_now(now.allreduce)
     def allreduce(self, tensors, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        reduce_op = reduce_op_of(opts)
         if any(t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, reduce_op)
         items = [_Contiguous(t) for t in tensors]
@@ -337,7 +316,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                          future_work=_for_ddp_join())
 
     def allreduce_coalesced(self, tensors, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        reduce_op = reduce_op_of(opts)
         if self._gloo_order and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
             # gloo all-reduces the flattened concatenation as one buffer (its chunks span the
             # tensors); the coalescing manager's all_reduces arrive here too.
@@ -371,7 +350,7 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        reduce_op = reduce_op_of(opts)
         item = _Contiguous(tensors[opts.rootTensor if opts is not None else 0])
 
         def body(comm):
@@ -440,39 +419,12 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run("allgather", body, [t for outs in output_tensors for t in outs],
                          grouped=len(inputs) > 1 or self._uneven(output_tensors), after=after)
 
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        # As gloo: output_lists[r][i] receives input i of rank r (one list per rank), the
-        # transpose of allgather's layout (one list per input).
-        if len(output_lists) != self.size():
-            raise ValueError(f"fakegpu allgather_coalesced: {len(output_lists)} output lists, "
-                             f"expected one per rank ({self.size()})")
-        for rank, outs in enumerate(output_lists):
-            if len(outs) != len(input_tensors):
-                raise ValueError(f"fakegpu allgather_coalesced: output list {rank} has "
-                                 f"{len(outs)} tensors for {len(input_tensors)} inputs")
-        per_input = [[output_lists[r][i] for r in range(self.size())]
-                     for i in range(len(input_tensors))]
-        return self.allgather(per_input, input_tensors, opts)
-
     @staticmethod
     def _uneven(output_lists) -> bool:
         return any(len({t.numel() for t in outs}) > 1 for outs in output_lists)
 
-    def _check_lists(self, what: str, output_lists, inputs) -> None:
-        if len(output_lists) != len(inputs):
-            raise ValueError(f"fakegpu {what}: {len(output_lists)} output lists for {len(inputs)} inputs")
-        for outs in output_lists:
-            if len(outs) != self.size():
-                raise ValueError(f"fakegpu {what}: an output list has {len(outs)} tensors, "
-                                 f"the group has {self.size()} ranks")
-
-    def _allgather_single(self, what: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
-        items = []
-        for output, input_ in pairs:
-            if output.numel() != input_.numel() * self.size():
-                raise ValueError(f"fakegpu {what}: output has {output.numel()} elements, expected "
-                                 f"{self.size()} x {input_.numel()}")
-            items.append((_Contiguous(output), _Contiguous(input_)))
+    def _allgather_pairs(self, what: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+        items = [(_Contiguous(output), _Contiguous(input_)) for output, input_ in pairs]
 
         def body(comm):
             for out, inp in items:
@@ -481,28 +433,13 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run(what, body, [out for out, _ in pairs], grouped=len(items) > 1,
                          after=self._commit_all([out for out, _ in items]))
 
-    @tries_now(now.allgather_base)
-    def _allgather_base(self, output, input_, opts=None):
-        return self._allgather_single("_allgather_base", [(output, input_)])
-
-    @tries_now(now.allgather_base)
-    def all_gather_single(self, output, input_, opts=None):
-        return self._allgather_single("all_gather_single", [(output, input_)])
-
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._allgather_single("allgather_into_tensor_coalesced", list(zip(outputs, inputs)))
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self._allgather_single("all_gather_single_coalesced", list(zip(outputs, inputs)))
+    # Blocking single-tensor calls first try the caller's thread (GroupBase routes the rest).
+    _allgather_base = tries_now(now.allgather_base)(GroupBase._allgather_base)
+    all_gather_single = tries_now(now.allgather_base)(GroupBase.all_gather_single)
 
     # -- reduce-scatter ---------------------------------------------------------------------------
     def _reduce_scatter_pairs(self, what: str, pairs, reduce_op):
-        items = []
-        for output, input_ in pairs:
-            if input_.numel() != output.numel() * self.size():
-                raise ValueError(f"fakegpu {what}: input has {input_.numel()} elements, expected "
-                                 f"{self.size()} x {output.numel()}")
-            items.append((_Contiguous(output), _Contiguous(input_)))
+        items = [(_Contiguous(output), _Contiguous(input_)) for output, input_ in pairs]
 
         def body(comm):
             for out, inp in items:
@@ -533,32 +470,15 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
                          output_tensors, grouped=True, after=after)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        reduce_op = reduce_op_of(opts)
         self._check_lists("reduce_scatter", input_lists, output_tensors)
         if self._gloo_order:
             return self._reduce_scatter_per_block(output_tensors, input_lists, reduce_op)
         pairs = [(out, _flat_cat(blocks).to(out.dtype)) for out, blocks in zip(output_tensors, input_lists)]
         return self._reduce_scatter_pairs("reduce_scatter", pairs, reduce_op)
 
-    @tries_now(now.reduce_scatter_base)
-    def _reduce_scatter_base(self, output, input_, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._reduce_scatter_pairs("_reduce_scatter_base", [(output, input_)], reduce_op)
-
-    @tries_now(now.reduce_scatter_base)
-    def reduce_scatter_single(self, output, input_, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._reduce_scatter_pairs("reduce_scatter_single", [(output, input_)], reduce_op)
-
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._reduce_scatter_pairs("reduce_scatter_tensor_coalesced",
-                                          list(zip(outputs, inputs)), reduce_op)
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._reduce_scatter_pairs("reduce_scatter_single_coalesced",
-                                          list(zip(outputs, inputs)), reduce_op)
+    _reduce_scatter_base = tries_now(now.reduce_scatter_base)(GroupBase._reduce_scatter_base)
+    reduce_scatter_single = tries_now(now.reduce_scatter_base)(GroupBase.reduce_scatter_single)
 
     # -- all-to-all --------------------------------------------------------------------------------
     def _exchange(self, comm: Comm, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> None:
@@ -621,18 +541,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run(what, lambda comm: self._exchange(comm, sends, recvs), [output],
                          grouped=True, after=out.commit)
 
-    def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
-        return self._all_to_all_single("alltoall_base", output, input_,
-                                       output_split_sizes, input_split_sizes)
-
-    def all_to_all_single(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
-        return self._all_to_all_single("all_to_all_single", output, input_,
-                                       output_split_sizes, input_split_sizes)
-
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        n = self.size()
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise ValueError(f"fakegpu alltoall: need {n} input and {n} output tensors")
+        self._check_alltoall_lists(output_tensors, input_tensors)
         outs = [_Contiguous(t) for t in output_tensors]
         ins = [_Contiguous(t) for t in input_tensors]
         return self._run("alltoall", lambda comm: self._exchange(
@@ -732,16 +642,15 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         return self._run("allreduce (sparse)", body, [tensor])
 
     # -- point to point ------------------------------------------------------------------------
-    def _queue_p2p(self, kind: str, tensors, peer: int) -> FakeGpuWork:
-        if len(tensors) != 1:
-            raise ValueError(f"fakegpu {kind}: expected one tensor, got {len(tensors)}")
+    def _point_to_point(self, kind: str, tensors, peer: int) -> FakeGpuWork:
         if kind == _RECV_ANY:
+            if len(tensors) != 1:
+                raise ValueError(f"fakegpu {kind}: expected one tensor, got {len(tensors)}")
             if self.size() < 2:
                 raise ValueError(f"fakegpu recv from any source: this {self.size()}-rank group has no "
                                  "other rank to receive from")
-        elif not 0 <= peer < self.size() or peer == self.rank():
-            raise ValueError(f"fakegpu {kind}: peer {peer} is not another rank of this "
-                             f"{self.size()}-rank group (this is rank {self.rank()})")
+        else:
+            self._check_peer(kind, tensors, peer)
         # An any-source recv learns its source when it runs (_flush_p2p sets op.source_rank).
         op = Op(kind, self._stream, list(tensors), flush=self._flush_p2p,
                 source_rank=peer if kind == "recv" else -1)
@@ -750,17 +659,10 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
             self._pending_p2p.append((kind, _Contiguous(tensors[0]), peer, op))
         return work
 
-    # Tags are not matched (as with NCCL): sends and recvs between two ranks pair in issue order.
-    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
-        return self._queue_p2p("send", tensors, dstRank)
-
-    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
-        return self._queue_p2p("recv", tensors, srcRank)
-
     def recv_anysource(self, tensors, tag=0):
         """``dist.recv``/``irecv`` without ``src``: receives from whichever rank's send to this
         rank reached the coordinator first; ``Work._source_rank()`` tells which, once done."""
-        return self._queue_p2p(_RECV_ANY, tensors, -1)
+        return self._point_to_point(_RECV_ANY, tensors, -1)
 
     def _probe_timeout_ms(self) -> int:
         """How long an any-source recv waits for a sender: the group's timeout less a margin, so
@@ -861,11 +763,8 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         ``ranks`` are ranks of this group forming the caller's new group; ranks outside it get
         None.  See :func:`fakegpu.torch.split_group` for the ``dist.split_group`` equivalent.
         """
-        ranks = sorted(int(r) for r in ranks)
+        ranks, name, desc = self._next_split(ranks, group_name, group_desc)
         member = self.rank() in ranks
-        self._split_count += 1
-        desc = group_desc or f"{self.comm_name}:split:{self._split_count}"
-        name = group_name or f"{self._group_name}_split{self._split_count}_{'_'.join(map(str, ranks))}"
         new_comm = None
 
         def body(comm):
@@ -878,9 +777,6 @@ class FakeGpuProcessGroup(dist.ProcessGroup):
         store = dist.PrefixStore(f"{name}/", self._store)
         return FakeGpuProcessGroup(store, ranks.index(self.rank()), len(ranks), timeout,
                                    comm=new_comm, group_name=name, group_desc=desc)
-
-    def comm_split_count(self) -> int:
-        return self._split_count
 
     # -- life cycle -----------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,0 +1,194 @@
+"""``GroupBase``: what the two fakegpu process groups share.
+
+fakegpu has two torch backends: ``fakegpu`` (:class:`fakegpu.torch.FakeGpuProcessGroup`,
+every rank a real process whose bytes go through the NCCL shim) and ``fakegpu_fake``
+(:class:`fakegpu.fake.process_group.FakeWorldProcessGroup`, one process playing one rank of a
+large logical world).  Both present the same torch ``ProcessGroup`` surface, so this base
+holds it once:
+
+- identity: backend name, group name and description, and the communicator name the report
+  labels traffic with ("default_pg", "mesh_dp", ...);
+- torch's many spellings of one collective (``_allgather_base``, ``all_gather_single``,
+  ``allgather_into_tensor_coalesced``, ...) routed to one primitive per kind, with the shape
+  checks done once;
+- the list layouts: ``allgather_coalesced`` is ``allgather`` transposed;
+- point-to-point argument checks and split-group naming.
+
+A subclass implements the primitives: ``_allgather_pairs(what, pairs)``,
+``_reduce_scatter_pairs(what, pairs, reduce_op)``, ``_all_to_all_single(what, output, input,
+output_splits, input_splits)`` and ``_point_to_point(kind, tensors, peer)``.  ``what`` is the
+name torch called, for error messages.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+def reduce_op_of(opts):
+    """The ``dist.ReduceOp`` an options struct carries (SUM when it has none)."""
+    reduce_op = getattr(opts, "reduceOp", None) if opts is not None else None
+    return dist.ReduceOp.SUM if reduce_op is None else reduce_op
+
+
+class GroupBase(dist.ProcessGroup):
+    BACKEND_NAME = ""
+    # The communicator name of a group torch gave neither a description nor a name.
+    UNNAMED_COMM = ""
+
+    def __init__(self, rank: int, size: int, *, group_name: str = "", group_desc: str = ""):
+        super().__init__(rank, size)
+        self._group_name = group_name
+        self._group_desc = group_desc
+        self._split_count = 0
+
+    # -- identity (forwarded from C++ by the trampoline) --------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - C++ name
+        return self.BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+        self._identity_changed()
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+        self._identity_changed()
+
+    def _identity_changed(self) -> None:
+        """Called after torch names or describes the group (right after construction)."""
+
+    @property
+    def comm_name(self) -> str:
+        """The communicator name the report shows: the group's description when torch gave one
+        ("default_pg", "mesh_tp"), else its name."""
+        if self._group_desc and self._group_desc != "undefined":
+            return self._group_desc
+        return f"group_{self._group_name}" if self._group_name else self.UNNAMED_COMM
+
+    def _error_prefix(self, what: str) -> str:
+        return f"{self.BACKEND_NAME} {what}"
+
+    # -- all-gather -----------------------------------------------------------------------------
+    def _gather_pairs(self, what: str, outputs, inputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{self._error_prefix(what)}: {len(outputs)} outputs for {len(inputs)} inputs")
+        pairs = list(zip(outputs, inputs))
+        for output, input_ in pairs:
+            if output.numel() != input_.numel() * self.size():
+                raise ValueError(f"{self._error_prefix(what)}: output has {output.numel()} elements, "
+                                 f"expected {self.size()} x {input_.numel()}")
+        return pairs
+
+    def _allgather_base(self, output, input_, opts=None):
+        return self._allgather_pairs("_allgather_base", self._gather_pairs("_allgather_base", [output], [input_]))
+
+    def all_gather_single(self, output, input_, opts=None):
+        return self._allgather_pairs("all_gather_single",
+                                     self._gather_pairs("all_gather_single", [output], [input_]))
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        what = "allgather_into_tensor_coalesced"
+        return self._allgather_pairs(what, self._gather_pairs(what, outputs, inputs))
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        what = "all_gather_single_coalesced"
+        return self._allgather_pairs(what, self._gather_pairs(what, outputs, inputs))
+
+    def _check_lists(self, what: str, output_lists, inputs) -> None:
+        """List-form collectives: one list of ``size()`` tensors per input tensor."""
+        if len(output_lists) != len(inputs):
+            raise ValueError(f"{self._error_prefix(what)}: {len(output_lists)} output lists for "
+                             f"{len(inputs)} inputs")
+        for outs in output_lists:
+            if len(outs) != self.size():
+                raise ValueError(f"{self._error_prefix(what)}: an output list has {len(outs)} tensors, "
+                                 f"the group has {self.size()} ranks")
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        # As gloo: output_lists[r][i] receives input i of rank r (one list per rank), the
+        # transpose of allgather's layout (one list per input).
+        what = self._error_prefix("allgather_coalesced")
+        if len(output_lists) != self.size():
+            raise ValueError(f"{what}: {len(output_lists)} output lists, expected one per rank ({self.size()})")
+        for rank, outs in enumerate(output_lists):
+            if len(outs) != len(input_tensors):
+                raise ValueError(f"{what}: output list {rank} has {len(outs)} tensors for "
+                                 f"{len(input_tensors)} inputs")
+        per_input = [[output_lists[r][i] for r in range(self.size())] for i in range(len(input_tensors))]
+        return self.allgather(per_input, input_tensors, opts)
+
+    # -- reduce-scatter -------------------------------------------------------------------------
+    def _scatter_pairs(self, what: str, outputs, inputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{self._error_prefix(what)}: {len(outputs)} outputs for {len(inputs)} inputs")
+        pairs = list(zip(outputs, inputs))
+        for output, input_ in pairs:
+            if input_.numel() != output.numel() * self.size():
+                raise ValueError(f"{self._error_prefix(what)}: input has {input_.numel()} elements, "
+                                 f"expected {self.size()} x {output.numel()}")
+        return pairs
+
+    def _reduce_scatter_as(self, what: str, outputs, inputs, opts):
+        return self._reduce_scatter_pairs(what, self._scatter_pairs(what, outputs, inputs), reduce_op_of(opts))
+
+    def _reduce_scatter_base(self, output, input_, opts=None):
+        return self._reduce_scatter_as("_reduce_scatter_base", [output], [input_], opts)
+
+    def reduce_scatter_single(self, output, input_, opts=None):
+        return self._reduce_scatter_as("reduce_scatter_single", [output], [input_], opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_as("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_as("reduce_scatter_single_coalesced", outputs, inputs, opts)
+
+    # -- all-to-all -----------------------------------------------------------------------------
+    def alltoall_base(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single("alltoall_base", output, input_, output_split_sizes, input_split_sizes)
+
+    def all_to_all_single(self, output, input_, output_split_sizes, input_split_sizes, opts=None):
+        return self._all_to_all_single("all_to_all_single", output, input_, output_split_sizes,
+                                       input_split_sizes)
+
+    def _check_alltoall_lists(self, output_tensors, input_tensors) -> None:
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"{self._error_prefix('alltoall')}: need {n} input and {n} output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+
+    # -- point to point -------------------------------------------------------------------------
+    # Tags are not matched (as with NCCL): sends and recvs between two ranks pair in issue order.
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's keyword names
+        return self._point_to_point("send", tensors, dstRank)
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        return self._point_to_point("recv", tensors, srcRank)
+
+    def _check_peer(self, kind: str, tensors, peer: int) -> None:
+        if len(tensors) != 1:
+            raise ValueError(f"{self._error_prefix(kind)}: expected one tensor, got {len(tensors)}")
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"{self._error_prefix(kind)}: peer {peer} is not another rank of this "
+                             f"{self.size()}-rank group (this is rank {self.rank()})")
+
+    # -- groups from groups ---------------------------------------------------------------------
+    def _next_split(self, ranks, group_name: Optional[str], group_desc: Optional[str]):
+        """(sorted ranks, name, description) of the next ``split_group``; counts the split
+        whether or not this rank is in it, as every member does."""
+        ranks = sorted(int(r) for r in ranks)
+        self._split_count += 1
+        name = group_name or f"{self._group_name}_split{self._split_count}_{'_'.join(map(str, ranks))}"
+        desc = group_desc or f"{self.comm_name}:split:{self._split_count}"
+        return ranks, name, desc
+
+    def comm_split_count(self) -> int:
+        return self._split_count
