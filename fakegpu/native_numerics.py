@@ -11,10 +11,11 @@ in parallel.
 """
 from __future__ import annotations
 
-import threading
 from typing import Optional, Sequence
 
 import numpy as np
+
+from fakegpu.shim_helpers import ShimHelpers
 
 _CDEF = """
 int fakegpu_reduce_n(int datatype, int redop, const void* const* inputs, int n, void* out, uint64_t count,
@@ -26,38 +27,12 @@ int fakegpu_reduce_symmetric(int datatype, int redop, const void* in, void* out,
                              const uint8_t* scalar, uint64_t exact_limit);
 """
 
-_lock = threading.Lock()
-_loaded = None  # (ffi, lib)
-
 
 class NativeNumericsError(RuntimeError):
     """The shim's reductions cannot be used: the library is missing or refused the arguments."""
 
 
-def _library():
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                from cffi import FFI
-
-                import fakegpu
-
-                try:
-                    path = fakegpu.nccl_library_path()
-                except FileNotFoundError as exc:
-                    raise NativeNumericsError(f"fakegpu's reductions live in its native library: {exc}") from None
-                ffi = FFI()
-                ffi.cdef(_CDEF)
-                lib = ffi.dlopen(path)
-                try:
-                    lib.fakegpu_reduce_n, lib.fakegpu_reduce_symmetric, lib.fakegpu_reduce_n_planned
-                except AttributeError:
-                    raise NativeNumericsError(
-                        f"{path} is not fakegpu's shim (it has no fakegpu_reduce_n); unset FAKEGPU_NCCL_LIBRARY "
-                        "or point it at fakegpu's build/libnccl.so.2") from None
-                _loaded = (ffi, lib)
-    return _loaded
+_library = ShimHelpers(_CDEF, "fakegpu_reduce_n_planned", "fakegpu's reductions", NativeNumericsError)
 
 
 def _buffer(ffi, a: np.ndarray, writable: bool = False):

@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from fakegpu.shim_helpers import ShimHelpers
+
 MODE_FAKE = "fake"
 MODE_REAL_PP = "real_pp_fake_spmd"
 MODES = (MODE_FAKE, MODE_REAL_PP)
@@ -95,19 +97,6 @@ class LaunchContract:
         }
 
 
-def _int_var(env: Mapping[str, str], name: str, *, minimum: int = 0) -> Optional[int]:
-    raw = env.get(name)
-    if raw is None or str(raw).strip() == "":
-        return None
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise LaunchContractError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise LaunchContractError(f"{name}={value} must be at least {minimum}")
-    return value
-
-
 # Entering a fake world unmodified (fakegpu.fake.entry) rewrites WORLD_SIZE and RANK to the
 # logical world the program must see; the launcher's values are kept in these variables, and
 # the marker records what was written, so a child that inherits the rewrite reads the
@@ -127,113 +116,50 @@ def rewritten(env: Mapping[str, str]) -> bool:
     return bool(mark) and mark == rewrite_mark(env.get("WORLD_SIZE"), env.get("RANK"))
 
 
-def launch_view(env: Mapping[str, str]) -> Mapping[str, str]:
-    """``env`` with the launcher's WORLD_SIZE and RANK (undoing the fake world's rewrite)."""
-    if not rewritten(env):
-        return env
-    view = dict(env)
-    for name, kept in (("WORLD_SIZE", LAUNCH_WORLD_SIZE_VAR), ("RANK", LAUNCH_RANK_VAR)):
-        value = env.get(kept, "")
-        if value:
-            view[name] = value
-        else:
-            view.pop(name, None)
-    return view
+_CDEF = """
+int fakegpu_fake_contract(int count, const char* const* names, const char* const* values, int* fields,
+                          int* physical, int physical_capacity, int* physical_count, char* error,
+                          size_t error_capacity);
+"""
+_library = ShimHelpers(_CDEF, "fakegpu_fake_contract", "the fake-world launch contract's rules")
 
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+# The variables the contract reads (native/src/fake/fake_contract.cc).
+_VARIABLES = ("FAKEGPU_DIST_MODE", "NGPU", "FAKEGPU_PP_DEGREE", "FAKE_PP_RANK", "RANK", "WORLD_SIZE",
+              "FAKEGPU_PHYSICAL_RANKS", REWRITE_MARK_VAR, LAUNCH_WORLD_SIZE_VAR, LAUNCH_RANK_VAR)
 
 
 def resolve(env: Optional[Mapping[str, str]] = None, *, ngpu: Optional[int] = None,
             pp_degree: Optional[int] = None, mode: Optional[str] = None) -> LaunchContract:
-    """Read the launch contract from ``env`` (default ``os.environ``); arguments override it."""
-    env = launch_view(os.environ if env is None else env)
-    mode = (mode or env.get("FAKEGPU_DIST_MODE") or MODE_FAKE).strip().lower()
-    if mode not in MODES:
-        raise LaunchContractError(f"FAKEGPU_DIST_MODE={mode!r} is not a fake-world mode; "
-                                  f"use one of {', '.join(MODES)}")
-    world = ngpu if ngpu is not None else _int_var(env, "NGPU", minimum=1)
-    if world is None:
-        raise LaunchContractError("NGPU is not set: set NGPU to the logical world size "
-                                  "(the number of GPUs the job would use for real)")
-    if world < 1:
-        raise LaunchContractError(f"NGPU={world} must be at least 1")
-    p = pp_degree if pp_degree is not None else _int_var(env, "FAKEGPU_PP_DEGREE", minimum=1)
-    p = 1 if p is None else p
-    if p < 1:
-        raise LaunchContractError(f"the pipeline degree must be at least 1, got {p}")
-    if world % p:
-        multiples = f"{(world // p) * p or p} or {(world // p + 1) * p}"
-        raise LaunchContractError(
-            f"NGPU={world} is not divisible by the pipeline degree P={p}: every pipeline stage "
-            f"needs NGPU/P whole logical ranks. Fix the logical topology: make NGPU a multiple "
-            f"of {p} (e.g. {multiples}) or use a PP degree that divides {world} "
-            f"({', '.join(map(str, _divisors(world)[:8]))}{', ...' if len(_divisors(world)) > 8 else ''})")
-    spmd = world // p
-    fake_pp = _int_var(env, "FAKE_PP_RANK")
-    rank = _int_var(env, "RANK")
-    phys_world = _int_var(env, "WORLD_SIZE", minimum=1)
+    """Read the launch contract from ``env`` (default ``os.environ``); arguments override it.
 
-    if mode == MODE_FAKE:
-        if phys_world is not None and phys_world > 1:
-            raise LaunchContractError(
-                f"WORLD_SIZE={phys_world}: pure fake mode runs a single process. Launch one process "
-                f"(torchrun --nproc-per-node 1), or use FAKEGPU_DIST_MODE={MODE_REAL_PP} for one "
-                f"process per pipeline rank")
-        if fake_pp is not None:
-            if fake_pp >= p:
-                raise LaunchContractError(
-                    f"FAKE_PP_RANK={fake_pp} is out of range for PP degree P={p}: the PP coordinate "
-                    f"must be in 0..{p - 1}. Choose an existing pipeline stage or raise FAKEGPU_PP_DEGREE")
-            logical, pp_rank = fake_pp * spmd, fake_pp
-        elif rank is not None:
-            if rank >= world:
-                raise LaunchContractError(
-                    f"RANK={rank} is out of range for the logical world NGPU={world}: the logical rank "
-                    f"must be in 0..{world - 1}. Lower RANK, raise NGPU, or set FAKE_PP_RANK instead")
-            logical, pp_rank = rank, rank // spmd
-        else:
-            logical, pp_rank = 0, 0
-        return LaunchContract(mode, world, p, pp_rank, logical, 0, (logical,))
-
-    # Real pipeline, fake SPMD.
-    if fake_pp is not None:
-        raise LaunchContractError(
-            f"FAKE_PP_RANK={fake_pp} is invalid in {MODE_REAL_PP} mode: the physical RANK is the PP "
-            f"coordinate there. Unset FAKE_PP_RANK, or use FAKEGPU_DIST_MODE={MODE_FAKE} to fake "
-            f"every axis")
-    if rank is None or phys_world is None:
-        raise LaunchContractError(
-            f"{MODE_REAL_PP} mode needs the physical RANK and WORLD_SIZE of each process: launch it "
-            f"with torchrun --nproc-per-node {p} (one process per PP rank)")
-    explicit = env.get("FAKEGPU_PHYSICAL_RANKS", "").strip()
-    if explicit:
-        try:
-            physical = tuple(int(x) for x in explicit.replace(" ", "").split(",") if x)
-        except ValueError:
-            raise LaunchContractError(f"FAKEGPU_PHYSICAL_RANKS={explicit!r} is not a comma-separated "
-                                      f"list of logical ranks") from None
-        bad = [g for g in physical if not 0 <= g < world]
-        if bad:
-            raise LaunchContractError(f"FAKEGPU_PHYSICAL_RANKS names logical ranks {bad} outside "
-                                      f"the logical world 0..{world - 1} (NGPU={world})")
-        if len(set(physical)) != len(physical):
-            raise LaunchContractError(f"FAKEGPU_PHYSICAL_RANKS={explicit!r} repeats a logical rank")
-        if phys_world != len(physical):
-            raise LaunchContractError(
-                f"WORLD_SIZE={phys_world} but FAKEGPU_PHYSICAL_RANKS lists {len(physical)} logical "
-                f"ranks: the physical allocation must hold exactly one process per listed rank")
-    else:
-        if phys_world != p:
-            raise LaunchContractError(
-                f"WORLD_SIZE={phys_world} but the PP degree is P={p}: in {MODE_REAL_PP} mode the "
-                f"physical allocation must hold exactly one process per PP rank. Launch {p} "
-                f"processes (torchrun --nproc-per-node {p}) or set FAKEGPU_PP_DEGREE={phys_world} "
-                f"if NGPU={world} allows it")
-        physical = tuple(c * spmd for c in range(p))
-    if rank >= phys_world:
-        raise LaunchContractError(f"RANK={rank} is out of range for WORLD_SIZE={phys_world}: the "
-                                  f"physical rank must be in 0..{phys_world - 1}")
-    logical = physical[rank]
-    return LaunchContract(mode, world, p, logical // spmd, logical, rank, physical)
+    The rules are the shim's (native/src/fake/fake_contract.cc), so a C program in the
+    native fake mode and a torch program agree on who this process is and refuse the same
+    launches with the same words."""
+    env = os.environ if env is None else env
+    view = {name: str(env[name]) for name in _VARIABLES if env.get(name) is not None}
+    if ngpu is not None:
+        view["NGPU"] = str(int(ngpu))
+    if pp_degree is not None:
+        if int(pp_degree) < 1:
+            raise LaunchContractError(f"the pipeline degree must be at least 1, got {pp_degree}")
+        view["FAKEGPU_PP_DEGREE"] = str(int(pp_degree))
+    if mode is not None:
+        view["FAKEGPU_DIST_MODE"] = mode
+    ffi, lib = _library()
+    keep = [ffi.new("char[]", text.encode()) for pair in view.items() for text in pair]
+    names = ffi.new("const char*[]", keep[0::2])
+    values = ffi.new("const char*[]", keep[1::2])
+    fields = ffi.new("int[6]")
+    count = ffi.new("int*")
+    error = ffi.new("char[]", 1024)
+    capacity = 64
+    while True:
+        physical = ffi.new("int[]", capacity)
+        if lib.fakegpu_fake_contract(len(view), names, values, fields, physical, capacity, count, error, 1024):
+            raise LaunchContractError(ffi.string(error).decode(errors="replace"))
+        if count[0] <= capacity:
+            break
+        capacity = count[0]
+    mode_code, world, p, pp_rank, logical, physical_rank = (int(fields[k]) for k in range(6))
+    return LaunchContract(MODES[mode_code], world, p, pp_rank, logical, physical_rank,
+                          tuple(int(physical[k]) for k in range(count[0])))

@@ -6,7 +6,8 @@ run in every Python process fgpu starts (its torch autoload hook):
 - :func:`prepare_environment`, at interpreter start (before the program reads its
   environment): once the launch contract resolves, ``WORLD_SIZE`` becomes NGPU and ``RANK``
   the logical rank this process plays; ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
-  get defaults when absent.  The launcher's values are kept (``contract.launch_view``), so
+  get defaults when absent.  The launcher's values are kept (native/src/fake/fake_contract.cc
+  reads them back), so
   the contract still sees the physical processes.  When the contract does not resolve
   (e.g. torchrun's agent, which has no RANK), nothing changes: the error surfaces at
   ``init_process_group``, where it belongs.

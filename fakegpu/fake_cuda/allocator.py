@@ -28,8 +28,9 @@ the way ``torch.cuda`` reports them.
 """
 from __future__ import annotations
 
-import threading
 from typing import Optional
+
+from fakegpu.shim_helpers import ShimHelpers
 
 MIN_BLOCK_SIZE = 512
 SMALL_SIZE = 1 << 20
@@ -49,30 +50,7 @@ uint64_t fakegpu_alloc_round_size(uint64_t nbytes);
 uint64_t fakegpu_alloc_segment_size(uint64_t rounded);
 """
 
-_lock = threading.Lock()
-_loaded = None  # (ffi, lib)
-
-
-def _library():
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                from cffi import FFI
-
-                import fakegpu
-
-                path = fakegpu.nccl_library_path()
-                ffi = FFI()
-                ffi.cdef(_CDEF)
-                lib = ffi.dlopen(path)
-                try:
-                    lib.fakegpu_alloc_model_new
-                except AttributeError:
-                    raise RuntimeError(f"{path} has no fakegpu_alloc_model_new: it is not this fakegpu's shim "
-                                       "(unset FAKEGPU_NCCL_LIBRARY or rebuild build/libnccl.so.2)") from None
-                _loaded = (ffi, lib)
-    return _loaded
+_library = ShimHelpers(_CDEF, "fakegpu_alloc_model_new", "the caching-allocator model's rules")
 
 
 def round_size(size: int) -> int:

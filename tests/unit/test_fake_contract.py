@@ -140,3 +140,59 @@ def test_explicit_physical_subset():
 def test_explicit_physical_subset_errors(ranks, world, match):
     with pytest.raises(LaunchContractError, match=match):
         _hybrid(NGPU=16, RANK=0, WORLD_SIZE=world, FAKEGPU_PHYSICAL_RANKS=ranks)
+
+
+# -- one implementation -------------------------------------------------------------------------
+def test_the_rules_are_the_shims():
+    """contract.py holds no rules of its own: the same native function the shim's fake mode
+    uses answers (native/src/fake/fake_contract.cc)."""
+    import inspect
+
+    from fakegpu.fake import contract
+
+    source = inspect.getsource(contract.resolve)
+    assert "fakegpu_fake_contract" in source and "NGPU is not set" not in inspect.getsource(contract)
+    with pytest.raises(LaunchContractError, match="^NGPU is not set"):
+        resolve({})
+
+
+@pytest.mark.parametrize("raw, expected", [(" 8 ", 8), ("+8", 8), ("1_6", 16), ("008", 8)])
+def test_integers_read_as_launchers_write_them(raw, expected):
+    assert _fake(NGPU=raw).world_size == expected
+
+
+@pytest.mark.parametrize("raw", ["1__6", "_16", "16_", "0x10", "1.0", "2147483648", "-"])
+def test_what_is_not_an_integer_is_refused_with_the_value(raw):
+    with pytest.raises(LaunchContractError, match=r"^NGPU='%s' is not an integer$" % raw.replace(".", r"\.")
+                       .replace("+", r"\+")):
+        _fake(NGPU=raw)
+
+
+def test_mode_is_read_case_blind_and_unknown_modes_name_the_choices():
+    assert _fake(FAKEGPU_DIST_MODE=" Fake ", NGPU=4).mode == "fake"
+    with pytest.raises(LaunchContractError, match=r"^FAKEGPU_DIST_MODE='simulate' is not a fake-world mode; "
+                                                  r"use one of fake, real_pp_fake_spmd$"):
+        _fake(FAKEGPU_DIST_MODE="SIMULATE", NGPU=4)
+
+
+def test_a_long_physical_list_comes_back_whole():
+    listed = ",".join(str(4 * k) for k in range(300))
+    lc = _hybrid(NGPU=1200, RANK=299, WORLD_SIZE=300, FAKEGPU_PHYSICAL_RANKS=listed)
+    assert lc.physical_ranks == tuple(range(0, 1200, 4)) and lc.logical_rank == 1196
+
+
+def test_a_large_prime_world_lists_its_divisors_at_once():
+    with pytest.raises(LaunchContractError, match=r"divides 2147483647 \(1, 2147483647\)$"):
+        _fake(NGPU=2147483647, FAKEGPU_PP_DEGREE=2)
+
+
+def test_the_fake_world_entrys_rewrite_is_read_back():
+    """After fakegpu.fake.entry rewrote WORLD_SIZE/RANK to the logical world's, the contract
+    sees the launcher's values again; a rewrite a launcher replaced is not undone."""
+    env = {"FAKEGPU_DIST_MODE": "real_pp_fake_spmd", "NGPU": "8", "FAKEGPU_PP_DEGREE": "2",
+           "WORLD_SIZE": "8", "RANK": "4", "FAKEGPU_LAUNCH_WORLD_SIZE": "2", "FAKEGPU_LAUNCH_RANK": "1",
+           "FAKEGPU_FAKE_WORLD_ENV": "WORLD_SIZE=8 RANK=4"}
+    lc = resolve(env)
+    assert (lc.physical_rank, lc.logical_rank, lc.physical_world_size) == (1, 4, 2)
+    with pytest.raises(LaunchContractError, match="WORLD_SIZE=8 but the PP degree is P=2"):
+        resolve({**env, "RANK": "3"})

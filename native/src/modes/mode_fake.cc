@@ -1,5 +1,7 @@
-// FAKEGPU_DIST_MODE=fake: the native twin of fakegpu/fake (contract.py, semantics.py,
-// runtime.py's pure-fake accounting). Nothing leaves the process: communicators are
+// FAKEGPU_DIST_MODE=fake for C programs: the launch contract (fake/fake_contract.cc, which
+// the torch backend's contract.py calls too), the symmetric results (numerics/fake_numerics.cc,
+// which fakegpu/fake/semantics.py calls too) and the event log that the whole-world report
+// is built from. Nothing leaves the process: communicators are
 // created locally, collectives are completed on the caller's buffers as if every member
 // held what this rank holds, and each operation is logged (fake_events.h) for the
 // whole-world report written at exit.
