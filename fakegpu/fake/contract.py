@@ -9,9 +9,10 @@ Two modes (``FAKEGPU_DIST_MODE``):
     (P = the pipeline degree, ``FAKEGPU_PP_DEGREE``), else ``RANK`` when set, else 0.
 
 ``real_pp_fake_spmd``
-    One physical process per pipeline rank: ``WORLD_SIZE`` must equal P, the physical
-    ``RANK`` is the PP coordinate and the process plays logical rank ``RANK * (NGPU / P)``.
-    ``FAKE_PP_RANK`` is refused (the coordinate comes from ``RANK``).
+    One physical process per pipeline rank: ``WORLD_SIZE`` must equal P (P defaults to
+    ``WORLD_SIZE`` when ``FAKEGPU_PP_DEGREE`` is unset), the physical ``RANK`` is the PP
+    coordinate and the process plays logical rank ``RANK * (NGPU / P)``.  ``FAKE_PP_RANK`` is
+    refused (the coordinate comes from ``RANK``).
 
 Generalisation: ``FAKEGPU_PHYSICAL_RANKS`` (comma-separated logical ranks, one per physical
 process, in physical rank order) names any subset of logical ranks as physical in the second

@@ -196,3 +196,13 @@ def test_the_fake_world_entrys_rewrite_is_read_back():
     assert (lc.physical_rank, lc.logical_rank, lc.physical_world_size) == (1, 4, 2)
     with pytest.raises(LaunchContractError, match="WORLD_SIZE=8 but the PP degree is P=2"):
         resolve({**env, "RANK": "3"})
+
+
+def test_real_pipeline_degree_defaults_to_the_processes_launched():
+    lc = _hybrid(NGPU=8, RANK=1, WORLD_SIZE=2)
+    assert (lc.pp_degree, lc.logical_rank, lc.physical_ranks) == (2, 4, (0, 4))
+    with pytest.raises(LaunchContractError, match=r"P=3 \(FAKEGPU_PP_DEGREE is unset, so P is the number of "
+                                                  r"processes launched, WORLD_SIZE=3: one per pipeline rank\)"):
+        _hybrid(NGPU=8, RANK=0, WORLD_SIZE=3)
+    # A named subset is not pipeline stages: P stays 1 there.
+    assert _hybrid(NGPU=8, RANK=0, WORLD_SIZE=2, FAKEGPU_PHYSICAL_RANKS="0,3").pp_degree == 1

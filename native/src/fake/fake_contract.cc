@@ -128,7 +128,23 @@ bool resolve_contract(const std::map<std::string, std::string>& launch_env, Cont
     return false;
   }
   if (!int_var(env, "FAKEGPU_PP_DEGREE", 1, &has, &p, error)) return false;
-  if (!has) p = 1;
+  std::string inferred;
+  if (!has) {
+    p = 1;
+    // The real-pipeline mode is one process per pipeline rank, so the launcher's process count
+    // is the pipeline degree: `fgpu --dist-mode real_pp_fake_spmd -- torchrun --nproc-per-node P`
+    // needs no second statement of P. Not with FAKEGPU_PHYSICAL_RANKS, which names any subset
+    // of logical ranks rather than pipeline stages.
+    auto listed = env.find("FAKEGPU_PHYSICAL_RANKS");
+    bool has_launched = false;
+    long long launched = 0;
+    if (!int_var(env, "WORLD_SIZE", 1, &has_launched, &launched, error)) return false;
+    if (mode == "real_pp_fake_spmd" && has_launched && (listed == env.end() || strip(listed->second).empty())) {
+      p = launched;
+      inferred = " (FAKEGPU_PP_DEGREE is unset, so P is the number of processes launched, WORLD_SIZE=" +
+                 std::to_string(launched) + ": one per pipeline rank)";
+    }
+  }
   if (world % p) {
     long long lower = (world / p) * p;
     std::string multiples = std::to_string(lower ? lower : p) + " or " + std::to_string((world / p + 1) * p);
@@ -143,7 +159,7 @@ bool resolve_contract(const std::map<std::string, std::string>& launch_env, Cont
     for (size_t k = 0; k < divs.size() && k < 8; k++) listed += (k ? ", " : "") + std::to_string(divs[k]);
     if (divs.size() > 8) listed += ", ...";
     *error = "NGPU=" + std::to_string(world) + " is not divisible by the pipeline degree P=" + std::to_string(p) +
-             ": every pipeline stage needs NGPU/P whole logical ranks. Fix the logical topology: make NGPU a "
+             inferred + ": every pipeline stage needs NGPU/P whole logical ranks. Fix the logical topology: make NGPU a "
              "multiple of " + std::to_string(p) + " (e.g. " + multiples + ") or use a PP degree that divides " +
              std::to_string(world) + " (" + listed + ")";
     return false;
