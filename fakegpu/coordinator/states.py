@@ -147,5 +147,23 @@ P2P_TRANSITIONS = {
     P2PState.EXPIRED: {},
 }
 
+class ProbeState(enum.Enum):
+    """A PROBE_SOURCE (receive from any source) waiting to learn which rank sends to it."""
+    WAITING = "waiting"       # no unclaimed Send to its member yet: in the core's probe list
+    ANSWERED = "answered"     # SOURCE sent naming a sender, whose Send is now claimed
+    FAILED = "failed"         # its communicator was freed, or no other rank is left to send
+    EXPIRED = "expired"       # no Send came by its deadline
+    ABANDONED = "abandoned"   # its client disconnected: nobody waits for the answer
+
+
+PROBE_TRANSITIONS = {
+    ProbeState.WAITING: {"answer": ProbeState.ANSWERED, "fail": ProbeState.FAILED, "expire": ProbeState.EXPIRED,
+                         "abandon": ProbeState.ABANDONED},
+    ProbeState.ANSWERED: {},
+    ProbeState.FAILED: {},
+    ProbeState.EXPIRED: {},
+    ProbeState.ABANDONED: {},
+}
+
 # GroupState.results[i] while op i has no result yet (results are NCCL codes, never negative).
 RESULT_PENDING = -1

@@ -15,8 +15,9 @@ from fakegpu.coordinator import core as C
 from fakegpu.coordinator.faults import FaultPlan
 from fakegpu.coordinator.matching import GroupState, Slot, Step
 from fakegpu.coordinator.registry import Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous
+from fakegpu.coordinator.core.anysource import SourceProbe
 from fakegpu.coordinator.states import (ClientState, CommState, IllegalTransition, MemberState, P2PState,
-                                        RendezvousState, SlotState)
+                                        ProbeState, RendezvousState, SlotState)
 
 from test_coordinator_core import Harness, op, p2p, world
 
@@ -92,6 +93,18 @@ def test_p2p_cannot_complete_unmatched():
     step.queue()
     with pytest.raises(IllegalTransition, match="Step cannot 'complete' in state QUEUED"):
         step.complete()
+
+
+@pytest.mark.parametrize("event,final", [("answer", ProbeState.ANSWERED), ("fail", ProbeState.FAILED),
+                                         ("expire", ProbeState.EXPIRED), ("abandon", ProbeState.ABANDONED)])
+def test_probe_legal_moves_and_nothing_after(event, final):
+    comm = _comm()
+    probe = SourceProbe(comm.members[0].client, 7, comm.members[0], (0, 0), 1000, False, 1.0)
+    assert probe.state is ProbeState.WAITING
+    getattr(probe, event)()
+    assert probe.state is final
+    with pytest.raises(IllegalTransition, match=f"SourceProbe cannot 'answer' in state {final.name}"):
+        probe.answer()
 
 
 def test_comm_and_member_lifecycle():
@@ -209,6 +222,20 @@ def test_core_p2p_queued_then_done_and_expired():
     (recv,) = comm.p2p[(0, 1)].recvs.values()
     h.tick(h.core.timeout_s + 1)
     assert recv.state is P2PState.EXPIRED
+
+
+def test_core_probe_answered_by_a_send_and_expired_without_one():
+    h = Harness()
+    handles = world(h, 2)
+    h.send(0, P.ProbeSource(comm_handle=handles[0], timeout_ms=0, recvs_posted=(0, 0)))
+    (probe,) = h.core._probes
+    assert probe.state is ProbeState.WAITING
+    h.send(1, P.Group(ops=(p2p(handles[1], P.KIND_SEND, 0, 2),)))
+    assert probe.state is ProbeState.ANSWERED and not h.core._probes
+    h.send(1, P.ProbeSource(comm_handle=handles[1], timeout_ms=0, recvs_posted=(0, 0)))
+    (late,) = h.core._probes
+    h.tick(h.core.timeout_s + 1)
+    assert late.state is ProbeState.EXPIRED and not h.core._probes
 
 
 def test_core_member_gone_fails_the_comm_and_its_waiting_work():

@@ -17,14 +17,15 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.registry import Client, Member
-from fakegpu.coordinator.states import MemberState
+from fakegpu.coordinator.states import PROBE_TRANSITIONS, Machine, MemberState, ProbeState
 
 from .common import frame_bytes, log
 
 
-class SourceProbe:
-    """A PROBE_SOURCE that waits for a Send to its member."""
-    __slots__ = ("client", "request_id", "member", "recvs_posted", "timeout_ms", "capped", "deadline")
+class SourceProbe(Machine):
+    """A PROBE_SOURCE that waits for a Send to its member (states: ProbeState)."""
+    __slots__ = ("client", "request_id", "member", "recvs_posted", "timeout_ms", "capped", "deadline", "state")
+    TRANSITIONS = PROBE_TRANSITIONS
 
     def __init__(self, client: Client, request_id: int, member: Member, recvs_posted: tuple, timeout_ms: int,
                  capped: bool, deadline: float):
@@ -35,6 +36,19 @@ class SourceProbe:
         self.timeout_ms = timeout_ms
         self.capped = capped          # the coordinator's own timeout was the shorter one
         self.deadline = deadline
+        self.state = ProbeState.WAITING
+
+    def answer(self) -> None:
+        self._advance("answer")
+
+    def fail(self) -> None:
+        self._advance("fail")
+
+    def expire(self) -> None:
+        self._advance("expire")
+
+    def abandon(self) -> None:
+        self._advance("abandon")
 
 
 class AnySourceMixin:
@@ -81,6 +95,7 @@ class AnySourceMixin:
         if best is None:
             return False
         _order, sender, q, seq = best
+        probe.answer()
         q.claimed = seq
         self._send(probe.client, frame_bytes(P.SOURCE, probe.request_id, P.encode_body(P.Source(sender))))
         return True
@@ -102,18 +117,22 @@ class AnySourceMixin:
             comm = member.comm
             label = f"{comm.label()} rank {member.rank}"
             if probe.client.closed:
-                continue   # nobody waits for the answer
+                probe.abandon()   # nobody waits for the answer
+                continue
             if member.state is MemberState.GONE:
+                probe.fail()
                 # Another thread of the caller freed or aborted the communicator meanwhile.
                 self._error(probe.client, probe.request_id, P.NCCL_INVALID_USAGE,
                             f"{label}: receive from any source: the communicator was freed while it waited "
                             f"({member.gone[1]})")
                 continue
             if len(comm.gone_ranks) >= comm.nranks - 1:
+                probe.fail()
                 self._error(probe.client, probe.request_id, P.NCCL_REMOTE_ERROR,
                             f"{label}: receive from any source: every other rank of the communicator left, "
                             "nobody can send to it")
             elif probe.deadline <= now:
+                probe.expire()
                 bound = "FAKEGPU_COORDINATOR_TIMEOUT_MS" if probe.capped else "the caller's timeout"
                 message = (f"{label}: receive from any source timed out: no rank sent to rank {member.rank} within "
                            f"{probe.timeout_ms} ms ({bound})")
