@@ -9,8 +9,8 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.common.dtypes import DTYPES
-from fakegpu.coordinator.states import (P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS, Machine, P2PState,
-                                        SlotState, by_event)
+from fakegpu.coordinator.states import (GROUP_FRAME_TRANSITIONS, P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS,
+                                        GroupFrameState, Machine, P2PState, SlotState, by_event)
 
 # Per-event tables of the Send/Recv and slot machines: these run once or more per op.
 _P2P_QUEUE, _P2P_MATCH, _P2P_COMPLETE, _P2P_FAIL, _P2P_EXPIRE = (
@@ -25,11 +25,12 @@ _REDUCING = P.REDUCING_KINDS
 _ROOTED = P.ROOTED_KINDS
 
 
-class GroupState:
+class GroupState(Machine):
     """One GROUP (or ACCOUNT) frame of one client, until every op has completed or failed.
     ``accounted``: an ACCOUNT frame (proxy mode) -- matched and recorded, no data moves."""
     __slots__ = ("client", "request_id", "descs", "results", "messages", "remaining", "partial", "accounted",
-                 "split", "unanswered")
+                 "split", "unanswered", "state")
+    TRANSITIONS = GROUP_FRAME_TRANSITIONS
 
     def __init__(self, client, request_id: int, descs: list, partial: bool, accounted: bool = False,
                  split: "Optional[SplitGroup]" = None):
@@ -43,6 +44,16 @@ class GroupState:
         self.accounted = accounted
         self.split = split   # the group this frame is one of, when the group spans several frames
         self.unanswered = False   # rejected placeholders posted outside a group: no GROUP_DONE
+        self.state = GroupFrameState.PENDING
+
+    def decide(self) -> None:
+        self._advance("decide")
+
+    def answer(self) -> None:
+        self._advance("answer")
+
+    def drop(self) -> None:
+        self._advance("drop")
 
 
 class SplitGroup:

@@ -147,6 +147,24 @@ P2P_TRANSITIONS = {
     P2PState.EXPIRED: {},
 }
 
+class GroupFrameState(enum.Enum):
+    """One GROUP (or ACCOUNT) frame of a client, from its arrival to its GROUP_DONE."""
+    PENDING = "pending"     # some of its ops have no result yet
+    DECIDED = "decided"     # every op has a result; a split group's last frame may wait here for
+                            # the Sends its earlier frames parked
+    ANSWERED = "answered"   # its GROUP_DONE is queued for the client
+    DROPPED = "dropped"     # nothing to answer: its client is gone, or it held only rejected
+                            # placeholders (their ranks already have their error)
+
+
+GROUP_FRAME_TRANSITIONS = {
+    GroupFrameState.PENDING: {"decide": GroupFrameState.DECIDED},
+    GroupFrameState.DECIDED: {"answer": GroupFrameState.ANSWERED, "drop": GroupFrameState.DROPPED},
+    GroupFrameState.ANSWERED: {},
+    GroupFrameState.DROPPED: {},
+}
+
+
 class ProbeState(enum.Enum):
     """A PROBE_SOURCE (receive from any source) waiting to learn which rank sends to it."""
     WAITING = "waiting"       # no unclaimed Send to its member yet: in the core's probe list

@@ -16,8 +16,8 @@ from fakegpu.coordinator.faults import FaultPlan
 from fakegpu.coordinator.matching import GroupState, Slot, Step
 from fakegpu.coordinator.registry import Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous
 from fakegpu.coordinator.core.anysource import SourceProbe
-from fakegpu.coordinator.states import (ClientState, CommState, IllegalTransition, MemberState, P2PState,
-                                        ProbeState, RendezvousState, SlotState)
+from fakegpu.coordinator.states import (ClientState, CommState, GroupFrameState, IllegalTransition, MemberState,
+                                        P2PState, ProbeState, RendezvousState, SlotState)
 
 from test_coordinator_core import Harness, op, p2p, world
 
@@ -105,6 +105,23 @@ def test_probe_legal_moves_and_nothing_after(event, final):
     assert probe.state is final
     with pytest.raises(IllegalTransition, match=f"SourceProbe cannot 'answer' in state {final.name}"):
         probe.answer()
+
+
+@pytest.mark.parametrize("events,final", [(["decide", "answer"], GroupFrameState.ANSWERED),
+                                          (["decide", "drop"], GroupFrameState.DROPPED)])
+def test_group_frame_legal_sequences(events, final):
+    group = GroupState(_client(), 1, [None, None], False)
+    assert group.state is GroupFrameState.PENDING
+    for event in events:
+        getattr(group, event)()
+    assert group.state is final
+    with pytest.raises(IllegalTransition, match=f"GroupState cannot 'answer' in state {final.name}"):
+        group.answer()
+
+
+def test_group_frame_cannot_be_answered_before_every_op_has_a_result():
+    with pytest.raises(IllegalTransition, match="cannot 'answer' in state PENDING"):
+        GroupState(_client(), 1, [None], False).answer()
 
 
 def test_comm_and_member_lifecycle():
@@ -236,6 +253,34 @@ def test_core_probe_answered_by_a_send_and_expired_without_one():
     (late,) = h.core._probes
     h.tick(h.core.timeout_s + 1)
     assert late.state is ProbeState.EXPIRED and not h.core._probes
+
+
+def _groups_made(monkeypatch):
+    made = []
+    original = GroupState.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(GroupState, "__init__", record)
+    return made
+
+
+def test_core_group_frames_pending_answered_and_dropped(monkeypatch):
+    made = _groups_made(monkeypatch)
+    h = Harness()
+    handles = world(h, 2)
+    _allreduce(h, handles, [0])
+    (first,) = made
+    assert first.state is GroupFrameState.PENDING
+    _allreduce(h, handles, [1])
+    assert [g.state for g in made] == [GroupFrameState.ANSWERED] * 2
+    _allreduce(h, handles, [0], seq=2)
+    h.disconnect(0)          # rank 0 leaves with its group unanswered ...
+    _allreduce(h, handles, [1], seq=2)
+    assert made[2].state is GroupFrameState.DROPPED   # ... nothing is sent to a closed client
+    assert made[3].state is GroupFrameState.ANSWERED  # the peer is answered (with the failure)
 
 
 def test_core_member_gone_fails_the_comm_and_its_waiting_work():

@@ -22,7 +22,7 @@ from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, 
                                           validate)
 from fakegpu.coordinator.collectives.numerics import step_offset
 from fakegpu.coordinator.registry import Client, Comm, Member
-from fakegpu.coordinator.states import RESULT_PENDING, MemberState
+from fakegpu.coordinator.states import RESULT_PENDING, GroupFrameState, MemberState
 
 from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
                      _MAX_SPLIT_GROUPS, _NO_PAYLOAD, _OPDESC_ITER, _OPDESC_SIZE, _OPDESC_UNPACK, _PREMUL,
@@ -87,6 +87,7 @@ class GroupsMixin:
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
+            group.decide()
             self._finish_group(group)
             return
         if faults:
@@ -116,6 +117,7 @@ class GroupsMixin:
         client.groups[rid] = group
         self.n_groups += 1
         if n_ops == 0:
+            group.decide()
             self._finish_group(group)
             return
         self._submit_group(client, group, descs, memoryview(body) if sliced else None)
@@ -182,6 +184,7 @@ class GroupsMixin:
             group.messages.append(message)
         group.remaining -= 1
         if group.remaining == 0:
+            group.decide()
             self._finish_group(group)
 
     def _parked_resolved(self, step: Step, result: int, message: Optional[str]) -> None:
@@ -194,11 +197,15 @@ class GroupsMixin:
         if result and split.failure is None:
             split.failure = (result, message)
         final = split.final
-        if final is not None and not split.parked and final.remaining == 0:
+        # A final frame already answered (or dropped with its client) is not finished again.
+        if final is not None and not split.parked and final.state is GroupFrameState.DECIDED:
             self._finish_group(final)
 
     def _finish_group(self, group: GroupState) -> None:
+        """Answer a DECIDED group with GROUP_DONE, or drop it when nobody is to be answered; a
+        split group's last frame stays DECIDED while Sends of its earlier frames are parked."""
         if group.unanswered:
+            group.drop()
             return
         client = group.client
         split = group.split
@@ -212,7 +219,9 @@ class GroupsMixin:
                 group.messages.append(message)
         client.groups.pop(group.request_id, None)
         if client.closed:
+            group.drop()
             return
+        group.answer()
         results = group.results
         n = len(results)
         if n == 1 and results[0] == 0:
