@@ -147,6 +147,23 @@ P2P_TRANSITIONS = {
     P2PState.EXPIRED: {},
 }
 
+class ExecutionState(enum.Enum):
+    """A matched collective's computation (one per slot that moves data), in its communicator's
+    execution queue: collectives of one communicator run and are answered in their order."""
+    WAITING = "waiting"   # behind an earlier execution of its communicator
+    RUNNING = "running"   # its reduction runs, inline on the I/O thread or in a worker thread
+    DONE = "done"         # finished; its slot is answered
+    FAILED = "failed"     # the computation raised (an internal error): its call fails
+
+
+EXECUTION_TRANSITIONS = {
+    ExecutionState.WAITING: {"start": ExecutionState.RUNNING},
+    ExecutionState.RUNNING: {"finish": ExecutionState.DONE, "fail": ExecutionState.FAILED},
+    ExecutionState.DONE: {},
+    ExecutionState.FAILED: {},
+}
+
+
 class GroupFrameState(enum.Enum):
     """One GROUP (or ACCOUNT) frame of a client, from its arrival to its GROUP_DONE."""
     PENDING = "pending"     # some of its ops have no result yet

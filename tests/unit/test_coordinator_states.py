@@ -16,8 +16,8 @@ from fakegpu.coordinator.faults import FaultPlan
 from fakegpu.coordinator.matching import GroupState, Slot, Step
 from fakegpu.coordinator.registry import Client, Comm, InitRendezvous, Member, ShrinkRendezvous, SplitRendezvous
 from fakegpu.coordinator.core.anysource import SourceProbe
-from fakegpu.coordinator.states import (ClientState, CommState, GroupFrameState, IllegalTransition, MemberState,
-                                        P2PState, ProbeState, RendezvousState, SlotState)
+from fakegpu.coordinator.states import (ClientState, CommState, ExecutionState, GroupFrameState, IllegalTransition,
+                                        MemberState, P2PState, ProbeState, RendezvousState, SlotState)
 
 from test_coordinator_core import Harness, op, p2p, world
 
@@ -281,6 +281,44 @@ def test_core_group_frames_pending_answered_and_dropped(monkeypatch):
     _allreduce(h, handles, [1], seq=2)
     assert made[2].state is GroupFrameState.DROPPED   # ... nothing is sent to a closed client
     assert made[3].state is GroupFrameState.ANSWERED  # the peer is answered (with the failure)
+
+
+def test_core_execution_queue_waiting_running_done(monkeypatch):
+    """With an offload hook, a big collective RUNS off the I/O thread while a later small one of
+    the same communicator WAITS behind it; both end DONE, in their order."""
+    import numpy as np
+
+    from fakegpu.coordinator.core.groups import Execution
+
+    made = []
+    original = Execution.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Execution, "__init__", record)
+    h = Harness()
+    jobs = []
+    h.core.offload = jobs.append
+    for c in (0, 1):
+        h.hello(c, rank=c, staging=8 << 20)
+    handles = [i.comm_handle for i in h.init([0, 1])]
+    count, at = 1 << 20, 4 << 20
+    for c in (0, 1):
+        h.staging(c)[0][:4 * count].view(np.float32)[:] = 1
+        h.send(c, P.Group(ops=(op(handles[c], P.KIND_ALLREDUCE, F32, count, 2, rank=c),)))
+    for c in (0, 1):
+        h.send(c, P.Group(ops=(op(handles[c], P.KIND_ALLREDUCE, F32, 1, 2, rank=c, in_off=at, out_off=at, seq=2),)))
+    big, small = made
+    assert (big.state, small.state) == (ExecutionState.RUNNING, ExecutionState.WAITING)
+    with pytest.raises(IllegalTransition, match="Execution cannot 'finish' in state WAITING"):
+        small.finish()
+    (job,) = jobs
+    job.run()
+    h._apply(h.core.executed(job))
+    assert (big.state, small.state) == (ExecutionState.DONE, ExecutionState.DONE)
+    assert big.slot.state is SlotState.ANSWERED and small.slot.state is SlotState.ANSWERED
 
 
 def test_core_member_gone_fails_the_comm_and_its_waiting_work():

@@ -200,6 +200,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
             queue.popleft()
         while queue:
             nxt = queue[0]
+            nxt.start()
             if self.offload is not None and nxt.nbytes >= OFFLOAD_MIN_BYTES:
                 self.offload(nxt)
                 return out

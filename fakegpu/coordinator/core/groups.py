@@ -22,7 +22,8 @@ from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, 
                                           validate)
 from fakegpu.coordinator.collectives.numerics import step_offset
 from fakegpu.coordinator.registry import Client, Comm, Member
-from fakegpu.coordinator.states import RESULT_PENDING, GroupFrameState, MemberState
+from fakegpu.coordinator.states import (EXECUTION_TRANSITIONS, RESULT_PENDING, ExecutionState, GroupFrameState,
+                                        Machine, MemberState)
 
 from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
                      _MAX_SPLIT_GROUPS, _NO_PAYLOAD, _OPDESC_ITER, _OPDESC_SIZE, _OPDESC_UNPACK, _PREMUL,
@@ -433,8 +434,10 @@ class GroupsMixin:
             queue.append(job)
         elif self.offload is not None and job.nbytes >= OFFLOAD_MIN_BYTES:
             self._executing[comm.id] = collections.deque([job])
+            job.start()
             self.offload(job)
         else:
+            job.start()
             job.run()
             self._finish_execution(job)
 
@@ -442,6 +445,7 @@ class GroupsMixin:
         slot, first, steps = job.slot, job.first, job.slot.steps
         comm = slot.comm
         if job.error is not None:  # a bug here must not take the coordinator down
+            job.fail()
             exc = job.error
             log.error("executing %s failed", describe_op(first), exc_info=(type(exc), exc, exc.__traceback__))
             msg = f"{comm.label()} collective #{slot.seq} {describe_op(first)}: internal error: {exc!r}"
@@ -450,6 +454,7 @@ class GroupsMixin:
                 self._op_done(t.group, t.index, P.NCCL_INTERNAL_ERROR, msg)
             self._fail_call(comm, slot.seq, steps, P.NCCL_INTERNAL_ERROR, msg, started=slot.first_wall)
             return
+        job.finish()
         self.n_ops += 1
         if self.recording:
             self._record_collective(slot, steps, first, job.dt, job.t0, job.t1)
@@ -475,12 +480,14 @@ class GroupsMixin:
         self._fail_call(comm, slot.seq, arrived, P.NCCL_TIMEOUT, msg, started=slot.first_wall, missing=missing)
 
 
-class Execution:
-    """One matched collective's computation. ``run()`` is the only part that may run off the
-    I/O thread (it reads and writes staging memory only); ``Core.executed`` then answers it.
-    Collectives of one communicator execute and are answered in their order: later ones wait
-    in ``Core._executing`` while an earlier one runs."""
-    __slots__ = ("slot", "comm_id", "first", "dt", "fn", "args", "nbytes", "clock", "t0", "t1", "error")
+class Execution(Machine):
+    """One matched collective's computation (states: ExecutionState). ``run()`` is the only
+    part that may run off the I/O thread (it reads and writes staging memory only; the state
+    moves on the I/O thread only); ``Core.executed`` then answers it. Collectives of one
+    communicator execute and are answered in their order: later ones wait in
+    ``Core._executing`` while an earlier one runs."""
+    __slots__ = ("slot", "comm_id", "first", "dt", "fn", "args", "nbytes", "clock", "t0", "t1", "error", "state")
+    TRANSITIONS = EXECUTION_TRANSITIONS
 
     def __init__(self, core, slot: Slot, first: tuple, dt, fn, args: tuple, nbytes: int):
         self.slot = slot
@@ -493,6 +500,16 @@ class Execution:
         self.clock = core.clock
         self.t0 = self.t1 = 0.0
         self.error: Optional[BaseException] = None
+        self.state = ExecutionState.WAITING
+
+    def start(self) -> None:
+        self._advance("start")
+
+    def finish(self) -> None:
+        self._advance("finish")
+
+    def fail(self) -> None:
+        self._advance("fail")
 
     def run(self) -> None:
         self.t0 = self.clock()
