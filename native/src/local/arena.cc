@@ -40,9 +40,12 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // kept short because ranks often share few cores.
 constexpr int kSpinChecks = 256;
 // When every member can have a CPU of its own, a late member is running, not waiting for this
-// CPU: spinning longer then saves the futex sleep and cross-CPU wake-up (tens of microseconds
-// in a VM) for members that arrive a few tens of microseconds apart, as a Python caller's do.
-constexpr auto kOwnCpuSpin = std::chrono::microseconds(30);
+// CPU: spinning longer then saves the futex sleep and cross-CPU wake-up for members that
+// arrive a few tens of microseconds apart, as a Python caller's do. It must outlast a futex
+// wake-up (~50-100 us in a VM): with a shorter spin two ranks fall into lockstep where each
+// wakes the other just too late, every call paying a sleep (torch all_reduce 4 B, 2 ranks:
+// 100 us per call with a 30 us spin, 15 us with 100 us).
+constexpr auto kOwnCpuSpin = std::chrono::microseconds(100);
 
 // CPUs this process may run on (its affinity mask: what a container's cpuset allows).
 bool members_have_own_cpus(int nranks) {
