@@ -10,7 +10,7 @@ from typing import Optional
 from fakegpu import protocol as P
 from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.states import (GROUP_FRAME_TRANSITIONS, P2P_TRANSITIONS, RESULT_PENDING, SLOT_TRANSITIONS,
-                                        GroupFrameState, Machine, P2PState, SlotState, by_event)
+                                        GroupFrameState, Machine, P2PState, SlotState, by_event, transition)
 
 # Per-event tables of the Send/Recv and slot machines: these run once or more per op.
 _P2P_QUEUE, _P2P_MATCH, _P2P_COMPLETE, _P2P_FAIL, _P2P_EXPIRE = (
@@ -46,14 +46,9 @@ class GroupState(Machine):
         self.unanswered = False   # rejected placeholders posted outside a group: no GROUP_DONE
         self.state = GroupFrameState.PENDING
 
-    def decide(self) -> None:
-        self._advance("decide")
-
-    def answer(self) -> None:
-        self._advance("answer")
-
-    def drop(self) -> None:
-        self._advance("drop")
+    decide = transition("decide")
+    answer = transition("answer")
+    drop = transition("drop")
 
 
 class SplitGroup:

@@ -15,7 +15,7 @@ import numpy as np
 from fakegpu.common.records import ClientRecord, CommRecord
 from fakegpu.coordinator.states import (CLIENT_TRANSITIONS, COMM_TRANSITIONS, MEMBER_TRANSITIONS,
                                         RENDEZVOUS_TRANSITIONS, ClientState, CommState, Machine, MemberState,
-                                        RendezvousState)
+                                        RendezvousState, transition)
 
 
 class Client(Machine):
@@ -158,14 +158,9 @@ class Rendezvous(Machine):
     __slots__ = ()
     TRANSITIONS = RENDEZVOUS_TRANSITIONS
 
-    def complete(self) -> None:
-        self._advance("complete")
-
-    def fail(self) -> None:
-        self._advance("fail")
-
-    def expire(self) -> None:
-        self._advance("expire")
+    complete = transition("complete")
+    fail = transition("fail")
+    expire = transition("expire")
 
 
 class InitRendezvous(Rendezvous):

@@ -46,6 +46,16 @@ class Machine:
         raise IllegalTransition(type(self).__name__, self.state, event, tuple(self.TRANSITIONS[self.state]))
 
 
+def transition(event: str):
+    """A machine's named move: ``complete = transition("complete")`` in the class body gives
+    ``obj.complete()``, which advances by ``event`` or raises IllegalTransition."""
+    def move(self) -> None:
+        self._advance(event)
+    move.__name__ = move.__qualname__ = event
+    move.__doc__ = f"The {event!r} transition (see TRANSITIONS)."
+    return move
+
+
 def by_event(table: dict, event: str) -> dict:
     """{state: next state} of one event: what the hot paths' transition methods look up (one
     dict lookup instead of two)."""

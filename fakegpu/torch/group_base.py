@@ -77,15 +77,21 @@ class GroupBase(dist.ProcessGroup):
         return f"{self.BACKEND_NAME} {what}"
 
     # -- all-gather -----------------------------------------------------------------------------
-    def _gather_pairs(self, what: str, outputs, inputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _pairs(self, what: str, outputs, inputs, *, gathering: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(output, input) pairs of a tensor-form all-gather (output = size() x input) or
+        reduce-scatter (input = size() x output), checked."""
         if len(outputs) != len(inputs):
             raise ValueError(f"{self._error_prefix(what)}: {len(outputs)} outputs for {len(inputs)} inputs")
         pairs = list(zip(outputs, inputs))
         for output, input_ in pairs:
-            if output.numel() != input_.numel() * self.size():
-                raise ValueError(f"{self._error_prefix(what)}: output has {output.numel()} elements, "
-                                 f"expected {self.size()} x {input_.numel()}")
+            whole, block, side = (output, input_, "output") if gathering else (input_, output, "input")
+            if whole.numel() != block.numel() * self.size():
+                raise ValueError(f"{self._error_prefix(what)}: {side} has {whole.numel()} elements, "
+                                 f"expected {self.size()} x {block.numel()}")
         return pairs
+
+    def _gather_pairs(self, what: str, outputs, inputs):
+        return self._pairs(what, outputs, inputs, gathering=True)
 
     def _allgather_base(self, output, input_, opts=None):
         return self._allgather_pairs("_allgather_base", self._gather_pairs("_allgather_base", [output], [input_]))
@@ -126,18 +132,9 @@ class GroupBase(dist.ProcessGroup):
         return self.allgather(per_input, input_tensors, opts)
 
     # -- reduce-scatter -------------------------------------------------------------------------
-    def _scatter_pairs(self, what: str, outputs, inputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if len(outputs) != len(inputs):
-            raise ValueError(f"{self._error_prefix(what)}: {len(outputs)} outputs for {len(inputs)} inputs")
-        pairs = list(zip(outputs, inputs))
-        for output, input_ in pairs:
-            if input_.numel() != output.numel() * self.size():
-                raise ValueError(f"{self._error_prefix(what)}: input has {input_.numel()} elements, "
-                                 f"expected {self.size()} x {output.numel()}")
-        return pairs
-
     def _reduce_scatter_as(self, what: str, outputs, inputs, opts):
-        return self._reduce_scatter_pairs(what, self._scatter_pairs(what, outputs, inputs), reduce_op_of(opts))
+        pairs = self._pairs(what, outputs, inputs, gathering=False)
+        return self._reduce_scatter_pairs(what, pairs, reduce_op_of(opts))
 
     def _reduce_scatter_base(self, output, input_, opts=None):
         return self._reduce_scatter_as("_reduce_scatter_base", [output], [input_], opts)

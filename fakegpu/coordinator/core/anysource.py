@@ -17,7 +17,7 @@ from typing import Optional
 
 from fakegpu import protocol as P
 from fakegpu.coordinator.registry import Client, Member
-from fakegpu.coordinator.states import PROBE_TRANSITIONS, Machine, MemberState, ProbeState
+from fakegpu.coordinator.states import PROBE_TRANSITIONS, Machine, MemberState, ProbeState, transition
 
 from .common import frame_bytes, log
 
@@ -38,17 +38,10 @@ class SourceProbe(Machine):
         self.deadline = deadline
         self.state = ProbeState.WAITING
 
-    def answer(self) -> None:
-        self._advance("answer")
-
-    def fail(self) -> None:
-        self._advance("fail")
-
-    def expire(self) -> None:
-        self._advance("expire")
-
-    def abandon(self) -> None:
-        self._advance("abandon")
+    answer = transition("answer")
+    fail = transition("fail")
+    expire = transition("expire")
+    abandon = transition("abandon")
 
 
 class AnySourceMixin:

@@ -23,7 +23,7 @@ from fakegpu.coordinator.matching import (D_DTYPE, D_FLAGS, D_HANDLE, D_IN_LEN, 
 from fakegpu.coordinator.collectives.numerics import step_offset
 from fakegpu.coordinator.registry import Client, Comm, Member
 from fakegpu.coordinator.states import (EXECUTION_TRANSITIONS, RESULT_PENDING, ExecutionState, GroupFrameState,
-                                        Machine, MemberState)
+                                        Machine, MemberState, transition)
 
 from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
                      _MAX_SPLIT_GROUPS, _NO_PAYLOAD, _OPDESC_ITER, _OPDESC_SIZE, _OPDESC_UNPACK, _PREMUL,
@@ -502,14 +502,9 @@ class Execution(Machine):
         self.error: Optional[BaseException] = None
         self.state = ExecutionState.WAITING
 
-    def start(self) -> None:
-        self._advance("start")
-
-    def finish(self) -> None:
-        self._advance("finish")
-
-    def fail(self) -> None:
-        self._advance("fail")
+    start = transition("start")
+    finish = transition("finish")
+    fail = transition("fail")
 
     def run(self) -> None:
         self.t0 = self.clock()
