@@ -255,20 +255,21 @@ def test_core_probe_answered_by_a_send_and_expired_without_one():
     assert late.state is ProbeState.EXPIRED and not h.core._probes
 
 
-def _groups_made(monkeypatch):
+def _instances_of(cls, monkeypatch) -> list:
+    """Every ``cls`` the core makes from now on, in order."""
     made = []
-    original = GroupState.__init__
+    original = cls.__init__
 
     def record(self, *args, **kwargs):
         original(self, *args, **kwargs)
         made.append(self)
 
-    monkeypatch.setattr(GroupState, "__init__", record)
+    monkeypatch.setattr(cls, "__init__", record)
     return made
 
 
 def test_core_group_frames_pending_answered_and_dropped(monkeypatch):
-    made = _groups_made(monkeypatch)
+    made = _instances_of(GroupState, monkeypatch)
     h = Harness()
     handles = world(h, 2)
     _allreduce(h, handles, [0])
@@ -290,14 +291,7 @@ def test_core_execution_queue_waiting_running_done(monkeypatch):
 
     from fakegpu.coordinator.core.groups import Execution
 
-    made = []
-    original = Execution.__init__
-
-    def record(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(Execution, "__init__", record)
+    made = _instances_of(Execution, monkeypatch)
     h = Harness()
     jobs = []
     h.core.offload = jobs.append
