@@ -48,6 +48,18 @@ NVLS_EFFICIENCY = 0.60
 # NVLS inside each node with rails between nodes (NCCL's NVLSTree): fit to 2x8 H100 with
 # 8x NDR, busbw ~468 GB/s at 8 GB: algbw = 468 / (2 * 15 / 16) = 250 GB/s of 450.
 NVLS_TREE_EFFICIENCY = 0.555
+# NVLS chunking (NCCL 2.19+, src/enqueue.cc, the NVLS branch of the chunk-size rule): a chunk of
+# nvlsChunkSize (128 KiB) normally, halved to 64 / 32 / 16 KiB while the message is below
+# 64 / 8 / 2 times (NVLS channels x NVLS heads x chunk). Every chunk costs a fixed amount of
+# switch/semaphore work, worth NVLS_CHUNK_OVERHEAD_BYTES of transfer at one concurrent op's rate,
+# so the port reaches chunk / (chunk + overhead) of its rate. NVLS_EFFICIENCY is the rate reached
+# at the full 128 KiB chunk. The overhead, 9.5 KiB, is fitted to the 8x H100 / H200 sweeps
+# (Azure ND v5, NVIDIA/nccl-tests issue 290): 64 KiB chunks (64 MB .. 1 GB) are ~7 % and 32 KiB
+# chunks (8 .. 64 MB) ~20 % slower than 128 KiB ones, which one overhead explains for both.
+NVLS_CHUNK_BYTES = 128 * 1024
+NVLS_MIN_CHUNK_BYTES = 16 * 1024
+NVLS_CHANNELS = 16           # NCCL_NVLS_NCHANNELS' default on Hopper
+NVLS_CHUNK_OVERHEAD_BYTES = 9.5 * 1024
 # NVLS pays a fixed set-up cost per call (multicast objects, switch reduction); fitted so
 # small messages prefer ring/tree as they do on real H100 systems.
 NVLS_BASE_LATENCY_S = 25e-6
@@ -370,6 +382,10 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
             if plan.algorithm in ("ring", "tree"):
                 used = channels_used(plan.algorithm, proto, size, n, full_channels)
                 bw_time *= full_channels / used
+            elif plan.algorithm == "nvls":
+                slower = nvls_chunk_slowdown(count * elem_size, n)
+                bw_time *= slower
+                believed *= slower
             latency = plan.latency_s(proto)
             if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
                     and count * elem_size >= n / 16.0 * 65536):
@@ -392,6 +408,22 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
     return Estimate(kind, plan.algorithm, total, latency, bw_time, size, n,
                     transfers, dict(node_bytes), candidates, proto)
+
+
+def nvls_chunk_bytes(nbytes: int, heads: int, channels: int = NVLS_CHANNELS) -> int:
+    """NCCL's NVLS chunk for an ``nbytes`` allreduce on ``heads`` NVLS heads (GPUs per node)."""
+    chunk = NVLS_CHUNK_BYTES
+    concurrent = channels * max(1, heads)
+    for factor in (64, 8, 2):
+        if nbytes < factor * concurrent * chunk and chunk > NVLS_MIN_CHUNK_BYTES:
+            chunk //= 2
+    return chunk
+
+
+def nvls_chunk_slowdown(nbytes: int, heads: int) -> float:
+    """Transfer time at the chunk NCCL uses for ``nbytes`` relative to the full 128 KiB chunk."""
+    chunk = nvls_chunk_bytes(nbytes, heads)
+    return ((chunk + NVLS_CHUNK_OVERHEAD_BYTES) / chunk) / ((NVLS_CHUNK_BYTES + NVLS_CHUNK_OVERHEAD_BYTES) / NVLS_CHUNK_BYTES)
 
 
 def channel_count(topo: "Topology", members: Sequence[int]) -> int:

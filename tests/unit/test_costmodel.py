@@ -663,3 +663,24 @@ def test_collnet_direct_bytes_do_not_grow_with_the_node_count():
     assert costmodel.tuning_from_env("AllReduce", {"NCCL_ALGO": "CollNet"})[0] == {"collnet_direct"}
     plain = estimate("AllReduce", S // 4, 4, list(range(16)), 0, -1, _collnet(2, collnet=False))
     assert not any(k.startswith("collnet") for k in plain.candidates)
+
+
+def test_nvls_chunk_follows_nccls_size_rule():
+    """NCCL halves the NVLS chunk (128 KiB) below 64 / 8 / 2 x 16 channels x heads x chunk; on 8
+    GPUs that is 1 GiB, 64 MiB and 8 MiB, and each step down costs more transfer time."""
+    chunk = costmodel.nvls_chunk_bytes
+    assert chunk(1 << 30, 8) == 128 * 1024
+    assert chunk((1 << 30) - 1, 8) == 64 * 1024
+    assert chunk(64 * MiB, 8) == 64 * 1024
+    assert chunk(64 * MiB - 1, 8) == 32 * 1024
+    assert chunk(8 * MiB, 8) == 32 * 1024
+    assert chunk(8 * MiB - 1, 8) == 16 * 1024
+    assert chunk(1024, 8) == 16 * 1024            # never below 16 KiB
+    assert chunk(512 * MiB, 4) == 128 * 1024      # fewer heads: full chunks from 512 MiB
+    slow = [costmodel.nvls_chunk_slowdown(s, 8) for s in (1 << 30, 128 * MiB, 16 * MiB, 2 * MiB)]
+    assert slow[0] == pytest.approx(1.0) and slow == sorted(slow) and slow[-1] > 1.3
+    # so the modeled NVLS busbw at 16 MiB is the chunked one, not the large-message rate's share
+    topo = cfg("h100-1node-8gpu-nvlink.yaml")
+    e = estimate("AllReduce", 4 * MiB, 4, list(range(8)), -1, -1, topo, ["nvls"], ["simple"])
+    plain = e.latency_s + (e.bandwidth_s / costmodel.nvls_chunk_slowdown(16 * MiB, 8))
+    assert e.seconds > plain * 1.05
