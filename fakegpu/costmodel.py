@@ -241,6 +241,12 @@ MIN_CHANNELS, MAX_CHANNELS = 2, 32
 # Multi-node ring AllReduce with Simple reaches a latency plateau once the message is large
 # enough (NCCL multiplies its latency by 1.9 from nranks/16 x 64 KiB up).
 RING_PLATEAU = 1.9
+# What one tree edge between nodes carries per direction, as a fraction of the payload (one tree
+# of the two): NCCL's tuner gives tree the ring's bus bandwidth (algbw = busBw x 0.5,
+# src/graph/tuning.cc), i.e. a node moves about twice the payload over the network, and
+# measured tree runs across nodes follow it; half the payload per tree (the bare data flow)
+# would make 2-node trees twice as fast as rings, which no published run shows.
+NET_TREE_LOAD = 1.0
 
 
 def _check_protocol(name: str) -> str:
@@ -709,12 +715,32 @@ def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
     """Two complementary binary trees, each reducing then broadcasting half the payload."""
     n = len(order)
     edges: dict[tuple[int, int], float] = {}
-    for shift in (0, 1):
-        ranks = order[shift:] + order[:shift]
-        for i in range(1, n):
-            child, parent = ranks[i], ranks[(i - 1) // 2]
-            _add(edges, child, parent, c / 2)   # reduce up
-            _add(edges, parent, child, c / 2)   # broadcast down
+    groups = _uniform_nodes(order, topo)
+    if groups is None:
+        # one node (or uneven nodes): two binary trees over the ranks
+        for shift in (0, 1):
+            ranks = order[shift:] + order[:shift]
+            for i in range(1, n):
+                child, parent = ranks[i], ranks[(i - 1) // 2]
+                _add(edges, child, parent, c / 2)   # reduce up
+                _add(edges, parent, child, c / 2)   # broadcast down
+    else:
+        # NCCL's shape across nodes (src/graph/trees.cc, connect.cc): inside each node the GPUs
+        # form a chain, and the chains' heads form a binary tree of the nodes; the second tree
+        # mirrors the first, so a node that is an inner node in one is a leaf in the other.
+        # Each node then sends and receives the payload about once over the network, half a
+        # ring's bytes; a binary tree over all the ranks would cross nodes on most of its edges.
+        nn = len(groups)
+        for mirror in (False, True):
+            nodes = groups[::-1] if mirror else groups
+            for members in nodes:
+                for a, b in zip(members, members[1:]):
+                    _add(edges, b, a, c / 2)      # reduce up the chain
+                    _add(edges, a, b, c / 2)      # broadcast down
+            for i in range(1, nn):
+                child, parent = nodes[i][0], nodes[(i - 1) // 2][0]
+                _add(edges, child, parent, c * NET_TREE_LOAD)
+                _add(edges, parent, child, c * NET_TREE_LOAD)
     # NCCL's tree latency: a chain of g-1 node-local hops and log2(N) network hops, up and down
     nnodes = _node_count(topo, order)
     g = n / nnodes
