@@ -684,3 +684,20 @@ def test_nvls_chunk_follows_nccls_size_rule():
     e = estimate("AllReduce", 4 * MiB, 4, list(range(8)), -1, -1, topo, ["nvls"], ["simple"])
     plain = e.latency_s + (e.bandwidth_s / costmodel.nvls_chunk_slowdown(16 * MiB, 8))
     assert e.seconds > plain * 1.05
+
+
+def test_multi_node_tree_is_a_chain_per_node_and_a_tree_of_nodes():
+    """NCCL's tree across nodes: the GPUs of a node form a chain, only the chains' heads cross
+    nodes, and each node moves about twice the payload over the network (the ring's share)."""
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    c = 64 * MiB
+    e = estimate("AllReduce", c // 4, 4, list(range(16)), -1, -1, topo, ["tree"], ["simple"])
+    assert e.algorithm == "tree"
+    cross = {edge for edge in e.transfers if topo.node_of(edge[0]) != topo.node_of(edge[1])}
+    assert cross == {(0, 8), (8, 0)}                  # the two heads, both ways, both trees
+    assert e.node_bytes[(0, 1)] == pytest.approx(2 * c * costmodel.NET_TREE_LOAD, rel=1e-6)
+    ring = estimate("AllReduce", c // 4, 4, list(range(16)), -1, -1, topo, ["ring"], ["simple"])
+    assert ring.node_bytes[(0, 1)] == pytest.approx(2 * 15 / 16 * c, rel=1e-6)
+    # inside a node: a chain, every link carrying c/2 up and c/2 down for each of the two trees
+    assert e.transfers[(1, 2)] == e.transfers[(2, 1)] == c
+    assert (0, 2) not in e.transfers
