@@ -229,7 +229,7 @@ TREE_CORRECTION = {
 # Channels: NCCL runs a ring or tree collective on as many channels (one thread block each) as
 # the message feeds: it drops channels while nBytes < channels x threads x threshold
 # (src/enqueue.cc, "Ring/Tree channel tuning"; thresholds from src/graph/tuning.cc, the ring's
-# multiplied by the rank count). It chooses the algorithm on its full channel count and then
+# LL one multiplied by the rank count). It chooses the algorithm on its full channel count and then
 # runs on the reduced one, each channel carrying its share of the bandwidth.
 MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
 THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
@@ -440,7 +440,8 @@ def channel_count(topo: "Topology", members: Sequence[int]) -> int:
 
 def channels_used(algorithm: str, proto: str, nbytes: int, n: int, channels: int) -> int:
     """How many of ``channels`` NCCL runs a ring/tree operation of ``nbytes`` on."""
-    threshold = THREAD_THRESHOLD[proto] * (n if algorithm == "ring" else 1)
+    # NCCL scales only the ring's LL threshold by the rank count (src/graph/tuning.cc)
+    threshold = THREAD_THRESHOLD[proto] * (n if algorithm == "ring" and proto == "ll" else 1)
     per_channel = MAX_THREADS[proto] * threshold
     return max(1, min(channels, int(nbytes // per_channel) if nbytes >= per_channel else 1))
 

@@ -79,10 +79,10 @@ def test_hierarchical_allreduce_on_two_nodes_matches_formula():
                            (0, 2): MiB // 2, (2, 0): MiB // 2, (1, 3): MiB // 2, (3, 1): MiB // 2}
     assert e.node_bytes == {(0, 0): 2 * MiB, (1, 1): 2 * MiB, (0, 1): MiB, (1, 0): MiB}
     # ring: 2(n-1) = 6 steps, 2N = 4 of them between nodes, NCCL's 1.9x multi-node plateau,
-    # and the same bytes over the NIC, on 8 of the communicator's 24 channels (1 MiB / (512
-    # threads x 64 B x 4 ranks))
+    # and the same bytes over the NIC, on all of the communicator's 24 channels (1 MiB feeds
+    # 32 of 512 threads x 64 B: only the ring's LL threshold scales with the rank count)
     assert costmodel.channel_count(topo, [0, 1, 2, 3]) == 24
-    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC * 24 / 8
+    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC
     assert e.candidates["ring/simple"] == pytest.approx(ring)
     assert set(e.candidates) == {"ring/simple", "tree/simple", "hierarchical/simple"}
     # mixed A100/H100: no LL128 by default; LL is there. Hierarchical is not NCCL's and only
@@ -228,9 +228,9 @@ def test_split_communicator_is_attributed_to_its_members_only():
     e = estimate("AllReduce", MiB // 4, 4, [1, 2], -1, -1, topo, protocols=["simple"])
     assert set(e.transfers) == {(1, 2), (2, 1)}
     assert e.node_bytes == {(0, 1): MiB, (1, 0): MiB}
-    # two steps, both between nodes, with the multi-node ring plateau; 1 MiB on 2 ranks feeds
-    # 16 of 24 Simple channels (64 KiB each)
-    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC * 24 / 16)
+    # two steps, both between nodes, with the multi-node ring plateau; 1 MiB feeds all 24
+    # Simple channels (32 KiB each)
+    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC)
 
 
 def test_profile_changes_the_model():
@@ -528,14 +528,16 @@ def test_a_gpu_drives_its_share_of_the_nodes_nics():
 
 
 @pytest.mark.parametrize("algorithm,proto,nbytes,n,expected", [
-    # ring: per channel threads x threshold x ranks = 512 x 8 x 8 = 32 KiB (LL), 640 x 8 x 8 = 40 KiB
-    # (LL128), 512 x 64 x 8 = 256 KiB (Simple); NCCL drops one channel while nBytes is below that
+    # ring: per channel threads x threshold = 512 x 8 x 8 ranks = 32 KiB (LL, the only threshold
+    # NCCL multiplies by the rank count), 640 x 8 = 5 KiB (LL128), 512 x 64 = 32 KiB (Simple);
+    # NCCL drops one channel while nBytes is below that
     ("ring", "ll", 1024, 8, 1),
     ("ring", "ll", 65536, 8, 2),
     ("ring", "ll", 65536 * 100, 8, 32),
-    ("ring", "ll128", 40960 * 7, 8, 7),
-    ("ring", "simple", 4 << 20, 8, 16),
-    ("ring", "simple", 3 << 20, 4, 24),
+    ("ring", "ll128", 5120 * 7, 8, 7),
+    ("ring", "ll128", 40960 * 7, 8, 32),
+    ("ring", "simple", 512 << 10, 8, 16),
+    ("ring", "simple", 4 << 20, 8, 32),
     # tree thresholds do not scale with the rank count: 512 x 64 = 32 KiB per Simple channel
     ("tree", "simple", 1 << 20, 16, 32),
     ("tree", "simple", 96 << 10, 16, 3),
