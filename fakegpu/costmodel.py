@@ -48,6 +48,18 @@ NVLS_EFFICIENCY = 0.60
 # NVLS inside each node with rails between nodes (NCCL's NVLSTree): fit to 2x8 H100 with
 # 8x NDR, busbw ~468 GB/s at 8 GB: algbw = 468 / (2 * 15 / 16) = 250 GB/s of 450.
 NVLS_TREE_EFFICIENCY = 0.555
+# NVLS chunking (NCCL 2.19+, src/enqueue.cc, the NVLS branch of the chunk-size rule): a chunk of
+# nvlsChunkSize (128 KiB) normally, halved to 64 / 32 / 16 KiB while the message is below
+# 64 / 8 / 2 times (NVLS channels x NVLS heads x chunk). Every chunk costs a fixed amount of
+# switch/semaphore work, worth NVLS_CHUNK_OVERHEAD_BYTES of transfer at one concurrent op's rate,
+# so the port reaches chunk / (chunk + overhead) of its rate. NVLS_EFFICIENCY is the rate reached
+# at the full 128 KiB chunk. The overhead, 9.5 KiB, is fitted to the 8x H100 / H200 sweeps
+# (Azure ND v5, NVIDIA/nccl-tests issue 290): 64 KiB chunks (64 MB .. 1 GB) are ~7 % and 32 KiB
+# chunks (8 .. 64 MB) ~20 % slower than 128 KiB ones, which one overhead explains for both.
+NVLS_CHUNK_BYTES = 128 * 1024
+NVLS_MIN_CHUNK_BYTES = 16 * 1024
+NVLS_CHANNELS = 16           # NCCL_NVLS_NCHANNELS' default on Hopper
+NVLS_CHUNK_OVERHEAD_BYTES = 9.5 * 1024
 # NVLS pays a fixed set-up cost per call (multicast objects, switch reduction); fitted so
 # small messages prefer ring/tree as they do on real H100 systems.
 NVLS_BASE_LATENCY_S = 25e-6
@@ -217,7 +229,7 @@ TREE_CORRECTION = {
 # Channels: NCCL runs a ring or tree collective on as many channels (one thread block each) as
 # the message feeds: it drops channels while nBytes < channels x threads x threshold
 # (src/enqueue.cc, "Ring/Tree channel tuning"; thresholds from src/graph/tuning.cc, the ring's
-# multiplied by the rank count). It chooses the algorithm on its full channel count and then
+# LL one multiplied by the rank count). It chooses the algorithm on its full channel count and then
 # runs on the reduced one, each channel carrying its share of the bandwidth.
 MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
 THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
@@ -229,6 +241,12 @@ MIN_CHANNELS, MAX_CHANNELS = 2, 32
 # Multi-node ring AllReduce with Simple reaches a latency plateau once the message is large
 # enough (NCCL multiplies its latency by 1.9 from nranks/16 x 64 KiB up).
 RING_PLATEAU = 1.9
+# What one tree edge between nodes carries per direction, as a fraction of the payload (one tree
+# of the two): NCCL's tuner gives tree the ring's bus bandwidth (algbw = busBw x 0.5,
+# src/graph/tuning.cc), i.e. a node moves about twice the payload over the network, and
+# measured tree runs across nodes follow it; half the payload per tree (the bare data flow)
+# would make 2-node trees twice as fast as rings, which no published run shows.
+NET_TREE_LOAD = 1.0
 
 
 def _check_protocol(name: str) -> str:
@@ -370,6 +388,10 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
             if plan.algorithm in ("ring", "tree"):
                 used = channels_used(plan.algorithm, proto, size, n, full_channels)
                 bw_time *= full_channels / used
+            elif plan.algorithm == "nvls":
+                slower = nvls_chunk_slowdown(count * elem_size, n)
+                bw_time *= slower
+                believed *= slower
             latency = plan.latency_s(proto)
             if (plan.algorithm == "ring" and proto == "simple" and kind == "AllReduce" and nnodes > 1
                     and count * elem_size >= n / 16.0 * 65536):
@@ -394,6 +416,22 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
                     transfers, dict(node_bytes), candidates, proto)
 
 
+def nvls_chunk_bytes(nbytes: int, heads: int, channels: int = NVLS_CHANNELS) -> int:
+    """NCCL's NVLS chunk for an ``nbytes`` allreduce on ``heads`` NVLS heads (GPUs per node)."""
+    chunk = NVLS_CHUNK_BYTES
+    concurrent = channels * max(1, heads)
+    for factor in (64, 8, 2):
+        if nbytes < factor * concurrent * chunk and chunk > NVLS_MIN_CHUNK_BYTES:
+            chunk //= 2
+    return chunk
+
+
+def nvls_chunk_slowdown(nbytes: int, heads: int) -> float:
+    """Transfer time at the chunk NCCL uses for ``nbytes`` relative to the full 128 KiB chunk."""
+    chunk = nvls_chunk_bytes(nbytes, heads)
+    return ((chunk + NVLS_CHUNK_OVERHEAD_BYTES) / chunk) / ((NVLS_CHUNK_BYTES + NVLS_CHUNK_OVERHEAD_BYTES) / NVLS_CHUNK_BYTES)
+
+
 def channel_count(topo: "Topology", members: Sequence[int]) -> int:
     """The communicator's channel count: from the slowest member's node-local port rate."""
     port_gbs = min(topo.gpu_port_bytes_per_s(r) for r in members) / 1e9
@@ -402,7 +440,8 @@ def channel_count(topo: "Topology", members: Sequence[int]) -> int:
 
 def channels_used(algorithm: str, proto: str, nbytes: int, n: int, channels: int) -> int:
     """How many of ``channels`` NCCL runs a ring/tree operation of ``nbytes`` on."""
-    threshold = THREAD_THRESHOLD[proto] * (n if algorithm == "ring" else 1)
+    # NCCL scales only the ring's LL threshold by the rank count (src/graph/tuning.cc)
+    threshold = THREAD_THRESHOLD[proto] * (n if algorithm == "ring" and proto == "ll" else 1)
     per_channel = MAX_THREADS[proto] * threshold
     return max(1, min(channels, int(nbytes // per_channel) if nbytes >= per_channel else 1))
 
@@ -677,12 +716,32 @@ def _double_binary_tree(order: list[int], c: float, topo: "Topology") -> _Plan:
     """Two complementary binary trees, each reducing then broadcasting half the payload."""
     n = len(order)
     edges: dict[tuple[int, int], float] = {}
-    for shift in (0, 1):
-        ranks = order[shift:] + order[:shift]
-        for i in range(1, n):
-            child, parent = ranks[i], ranks[(i - 1) // 2]
-            _add(edges, child, parent, c / 2)   # reduce up
-            _add(edges, parent, child, c / 2)   # broadcast down
+    groups = _uniform_nodes(order, topo)
+    if groups is None:
+        # one node (or uneven nodes): two binary trees over the ranks
+        for shift in (0, 1):
+            ranks = order[shift:] + order[:shift]
+            for i in range(1, n):
+                child, parent = ranks[i], ranks[(i - 1) // 2]
+                _add(edges, child, parent, c / 2)   # reduce up
+                _add(edges, parent, child, c / 2)   # broadcast down
+    else:
+        # NCCL's shape across nodes (src/graph/trees.cc, connect.cc): inside each node the GPUs
+        # form a chain, and the chains' heads form a binary tree of the nodes; the second tree
+        # mirrors the first, so a node that is an inner node in one is a leaf in the other.
+        # Each node then sends and receives the payload about once over the network, half a
+        # ring's bytes; a binary tree over all the ranks would cross nodes on most of its edges.
+        nn = len(groups)
+        for mirror in (False, True):
+            nodes = groups[::-1] if mirror else groups
+            for members in nodes:
+                for a, b in zip(members, members[1:]):
+                    _add(edges, b, a, c / 2)      # reduce up the chain
+                    _add(edges, a, b, c / 2)      # broadcast down
+            for i in range(1, nn):
+                child, parent = nodes[i][0], nodes[(i - 1) // 2][0]
+                _add(edges, child, parent, c * NET_TREE_LOAD)
+                _add(edges, parent, child, c * NET_TREE_LOAD)
     # NCCL's tree latency: a chain of g-1 node-local hops and log2(N) network hops, up and down
     nnodes = _node_count(topo, order)
     g = n / nnodes

@@ -3,12 +3,14 @@
 Guards today's level so a change that makes the model less faithful fails. The rows marked
 `heldout` in the CSV's `split` column were added after the model's constants were set and were not
 fitted on (for GCP A3 Mega only the 1 MB and 8 GB rows fix its YAML's per-message cost and
-efficiency; the twelve sizes between are held out). On all 130 points 71 % are within 15 %
-and 87 % within 30 %, median |error| 7.3 %; on the 20 held-out points 80 % within 20 %,
-median 3.1 %. The 72 Azure rows (8x H100, 8x H200, 8x A100, 1 KB .. 8 GB) set the launch
+efficiency; the twelve sizes between are held out). On all 130 points 73 % are within 15 %,
+76 % within 20 % and 88 % within 30 %, median |error| 6.2 % (before NVLS chunking and NCCL's
+multi-node tree shape: 71 / 73 / 87 %, 7.3 %); on the 20 held-out points 85 % within 20 % and
+95 % within 30 %, median 3.9 % (before: 80 %, 85 %, 3.1 %). The 72 Azure rows (8x H100, 8x H200, 8x A100, 1 KB .. 8 GB) set the launch
 overhead and the channel rule's constant: 64 % within 15 % (before the channel rule: 40 %).
-Known gaps, kept in the table on purpose: broadcast on 8x H100 (+60 %), A3 Mega TCPXO at
-32-64 MB (-35..-40 %), AllGather on 32x8 H100 RoCE (+60 %), 2x1 H100 with four NICs at 2-4 MB
+Known gaps, kept in the table on purpose: broadcast on 8x H100 (+58 %), A3 Mega TCPXO at
+32-64 MB (+18 / +27 %), 8x H200 (NCCL 2.20.5) at 32-512 KB (-29 %, flat ~31 us where the
+2.18.5 H100 run climbs to 42 us), AllGather on 32x8 H100 RoCE (+60 %), 2x1 H100 with four NICs at 2-4 MB
 (+33..59 %), 8x A100 on Azure below 16 KB (+50..140 %, its latency floor is twice the other
 A100 source's) and at 2-128 MB (+20..55 %).
 """
@@ -28,8 +30,8 @@ def test_model_against_published_nccl_tests():
     assert len(table) >= 25
     within, median = calibration.summary(table)
     print(f"\n{len(table)} published points: {within:.0%} within 20 %, median |error| {median:.1%}")
-    assert within >= 0.70
-    assert median <= 0.08
+    assert within >= 0.75
+    assert median <= 0.07
     held_within, held_median = calibration.summary(table, "heldout")
     assert len([r for r in table if r["split"] == "heldout"]) >= 15
     assert held_within >= 0.75 and held_median <= 0.12, (held_within, held_median)

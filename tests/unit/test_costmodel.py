@@ -79,10 +79,10 @@ def test_hierarchical_allreduce_on_two_nodes_matches_formula():
                            (0, 2): MiB // 2, (2, 0): MiB // 2, (1, 3): MiB // 2, (3, 1): MiB // 2}
     assert e.node_bytes == {(0, 0): 2 * MiB, (1, 1): 2 * MiB, (0, 1): MiB, (1, 0): MiB}
     # ring: 2(n-1) = 6 steps, 2N = 4 of them between nodes, NCCL's 1.9x multi-node plateau,
-    # and the same bytes over the NIC, on 8 of the communicator's 24 channels (1 MiB / (512
-    # threads x 64 B x 4 ranks))
+    # and the same bytes over the NIC, on all of the communicator's 24 channels (1 MiB feeds
+    # 32 of 512 threads x 64 B: only the ring's LL threshold scales with the rank count)
     assert costmodel.channel_count(topo, [0, 1, 2, 3]) == 24
-    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC * 24 / 8
+    ring = L0 + 1.9 * (RING_BASE + 2 * 3e-6 + 4 * 15e-6) + 1.5 * MiB / NIC
     assert e.candidates["ring/simple"] == pytest.approx(ring)
     assert set(e.candidates) == {"ring/simple", "tree/simple", "hierarchical/simple"}
     # mixed A100/H100: no LL128 by default; LL is there. Hierarchical is not NCCL's and only
@@ -228,9 +228,9 @@ def test_split_communicator_is_attributed_to_its_members_only():
     e = estimate("AllReduce", MiB // 4, 4, [1, 2], -1, -1, topo, protocols=["simple"])
     assert set(e.transfers) == {(1, 2), (2, 1)}
     assert e.node_bytes == {(0, 1): MiB, (1, 0): MiB}
-    # two steps, both between nodes, with the multi-node ring plateau; 1 MiB on 2 ranks feeds
-    # 16 of 24 Simple channels (64 KiB each)
-    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC * 24 / 16)
+    # two steps, both between nodes, with the multi-node ring plateau; 1 MiB feeds all 24
+    # Simple channels (32 KiB each)
+    assert e.seconds == pytest.approx(L0 + 1.9 * (RING_BASE + 2 * 15e-6) + MiB / NIC)
 
 
 def test_profile_changes_the_model():
@@ -528,14 +528,16 @@ def test_a_gpu_drives_its_share_of_the_nodes_nics():
 
 
 @pytest.mark.parametrize("algorithm,proto,nbytes,n,expected", [
-    # ring: per channel threads x threshold x ranks = 512 x 8 x 8 = 32 KiB (LL), 640 x 8 x 8 = 40 KiB
-    # (LL128), 512 x 64 x 8 = 256 KiB (Simple); NCCL drops one channel while nBytes is below that
+    # ring: per channel threads x threshold = 512 x 8 x 8 ranks = 32 KiB (LL, the only threshold
+    # NCCL multiplies by the rank count), 640 x 8 = 5 KiB (LL128), 512 x 64 = 32 KiB (Simple);
+    # NCCL drops one channel while nBytes is below that
     ("ring", "ll", 1024, 8, 1),
     ("ring", "ll", 65536, 8, 2),
     ("ring", "ll", 65536 * 100, 8, 32),
-    ("ring", "ll128", 40960 * 7, 8, 7),
-    ("ring", "simple", 4 << 20, 8, 16),
-    ("ring", "simple", 3 << 20, 4, 24),
+    ("ring", "ll128", 5120 * 7, 8, 7),
+    ("ring", "ll128", 40960 * 7, 8, 32),
+    ("ring", "simple", 512 << 10, 8, 16),
+    ("ring", "simple", 4 << 20, 8, 32),
     # tree thresholds do not scale with the rank count: 512 x 64 = 32 KiB per Simple channel
     ("tree", "simple", 1 << 20, 16, 32),
     ("tree", "simple", 96 << 10, 16, 3),
@@ -663,3 +665,41 @@ def test_collnet_direct_bytes_do_not_grow_with_the_node_count():
     assert costmodel.tuning_from_env("AllReduce", {"NCCL_ALGO": "CollNet"})[0] == {"collnet_direct"}
     plain = estimate("AllReduce", S // 4, 4, list(range(16)), 0, -1, _collnet(2, collnet=False))
     assert not any(k.startswith("collnet") for k in plain.candidates)
+
+
+def test_nvls_chunk_follows_nccls_size_rule():
+    """NCCL halves the NVLS chunk (128 KiB) below 64 / 8 / 2 x 16 channels x heads x chunk; on 8
+    GPUs that is 1 GiB, 64 MiB and 8 MiB, and each step down costs more transfer time."""
+    chunk = costmodel.nvls_chunk_bytes
+    assert chunk(1 << 30, 8) == 128 * 1024
+    assert chunk((1 << 30) - 1, 8) == 64 * 1024
+    assert chunk(64 * MiB, 8) == 64 * 1024
+    assert chunk(64 * MiB - 1, 8) == 32 * 1024
+    assert chunk(8 * MiB, 8) == 32 * 1024
+    assert chunk(8 * MiB - 1, 8) == 16 * 1024
+    assert chunk(1024, 8) == 16 * 1024            # never below 16 KiB
+    assert chunk(512 * MiB, 4) == 128 * 1024      # fewer heads: full chunks from 512 MiB
+    slow = [costmodel.nvls_chunk_slowdown(s, 8) for s in (1 << 30, 128 * MiB, 16 * MiB, 2 * MiB)]
+    assert slow[0] == pytest.approx(1.0) and slow == sorted(slow) and slow[-1] > 1.3
+    # so the modeled NVLS busbw at 16 MiB is the chunked one, not the large-message rate's share
+    topo = cfg("h100-1node-8gpu-nvlink.yaml")
+    e = estimate("AllReduce", 4 * MiB, 4, list(range(8)), -1, -1, topo, ["nvls"], ["simple"])
+    plain = e.latency_s + (e.bandwidth_s / costmodel.nvls_chunk_slowdown(16 * MiB, 8))
+    assert e.seconds > plain * 1.05
+
+
+def test_multi_node_tree_is_a_chain_per_node_and_a_tree_of_nodes():
+    """NCCL's tree across nodes: the GPUs of a node form a chain, only the chains' heads cross
+    nodes, and each node moves about twice the payload over the network (the ring's share)."""
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    c = 64 * MiB
+    e = estimate("AllReduce", c // 4, 4, list(range(16)), -1, -1, topo, ["tree"], ["simple"])
+    assert e.algorithm == "tree"
+    cross = {edge for edge in e.transfers if topo.node_of(edge[0]) != topo.node_of(edge[1])}
+    assert cross == {(0, 8), (8, 0)}                  # the two heads, both ways, both trees
+    assert e.node_bytes[(0, 1)] == pytest.approx(2 * c * costmodel.NET_TREE_LOAD, rel=1e-6)
+    ring = estimate("AllReduce", c // 4, 4, list(range(16)), -1, -1, topo, ["ring"], ["simple"])
+    assert ring.node_bytes[(0, 1)] == pytest.approx(2 * 15 / 16 * c, rel=1e-6)
+    # inside a node: a chain, every link carrying c/2 up and c/2 down for each of the two trees
+    assert e.transfers[(1, 2)] == e.transfers[(2, 1)] == c
+    assert (0, 2) not in e.transfers

@@ -138,10 +138,10 @@ def test_split_communicators(topo):
     assert check_report(d) == []
     (pair,) = d["node_pairs"]
     assert pair["directions"] == {"node0->node1": MiB, "node1->node0": MiB}
-    # ring/Simple: two network steps with NCCL's base latency and multi-node plateau; 1 MiB on
-    # two ranks feeds 16 of the 24 channels (test_costmodel)
+    # ring/Simple: two network steps with NCCL's base latency and multi-node plateau; 1 MiB
+    # feeds all 24 channels (512 threads x 64 B each, test_costmodel)
     assert d["collectives"]["AllReduce"]["modeled_time_s"] == pytest.approx(
-        LAUNCH + 1.9 * (8.4e-6 + 2 * 15e-6) + MiB / NIC * 24 / 16)
+        LAUNCH + 1.9 * (8.4e-6 + 2 * 15e-6) + MiB / NIC)
     ag = d["collectives"]["AllGather"]["modeled_time_s"]
     assert d["links"]["intra_node"]["per_node"] == [
         {"node": "node0", "bytes": 2 * 4000, "transfers": 2, "operations": 1, "peak_operation_bytes": 8000,
