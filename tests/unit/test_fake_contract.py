@@ -124,6 +124,31 @@ def test_hybrid_divisibility_is_checked_first():
         _hybrid(NGPU=64, FAKEGPU_PP_DEGREE=3, RANK=0, WORLD_SIZE=3)
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_hybrid_pp_degree_defaults_to_the_processes_launched(rank):
+    # fgpu --dist-mode real_pp_fake_spmd -- torchrun --nproc-per-node 2 ...: no FAKEGPU_PP_DEGREE
+    lc = _hybrid(NGPU=8, RANK=rank, WORLD_SIZE=2)
+    assert lc.pp_degree == 2 and lc.physical_ranks == (0, 4)
+    assert lc.pp_rank == rank and lc.logical_rank == rank * 4
+
+
+def test_hybrid_inferred_pp_degree_must_divide_ngpu():
+    with pytest.raises(LaunchContractError) as err:
+        _hybrid(NGPU=8, RANK=0, WORLD_SIZE=3)
+    msg = str(err.value)
+    assert "NGPU=8 is not divisible by the pipeline degree P=3" in msg
+    assert "FAKEGPU_PP_DEGREE is unset, so P is the number of processes launched, WORLD_SIZE=3" in msg
+
+
+def test_explicit_pp_degree_still_wins_over_the_process_count():
+    with pytest.raises(LaunchContractError, match="WORLD_SIZE=2 but the PP degree is P=4"):
+        _hybrid(NGPU=8, FAKEGPU_PP_DEGREE=4, RANK=0, WORLD_SIZE=2)
+
+
+def test_pure_fake_pp_degree_does_not_follow_world_size():
+    assert _fake(NGPU=8, WORLD_SIZE=1).pp_degree == 1
+
+
 # -- any subset physical ------------------------------------------------------------------------
 def test_explicit_physical_subset():
     lc = _hybrid(NGPU=16, RANK=1, WORLD_SIZE=3, FAKEGPU_PHYSICAL_RANKS="0,5,12")
