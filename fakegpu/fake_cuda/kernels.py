@@ -1,6 +1,6 @@
 """CPU kernels for attention ops torch implements only for CUDA, for programs that call them
 directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_attention`` /
-``_cudnn_attention``, the xformers-style ``_efficient_attention_forward`` / ``_backward``,
+``_cudnn_attention`` and its ``_cudnn_attention_forward`` / ``_backward``, the xformers-style ``_efficient_attention_forward`` / ``_backward``,
 the flash kernels ``_flash_attention_forward`` / ``_backward`` in their dense and
 variable-length forms, which ``torch.nn.attention.varlen.varlen_attn`` calls, and their
 backwards).  They compute torch's math attention, the exact reference the fused
@@ -206,6 +206,40 @@ def cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed
     return grads[0], grads[1], grads[2]
 
 
+def cudnn_attention_forward(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+                            compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                            return_debug_mask=False, *, scale=None):  # noqa: ARG001
+    """``aten::_cudnn_attention_forward``: the dense (batch, heads, length, dim) form is
+    ``_scaled_dot_product_cudnn_attention``'s; with ``cum_seq_q`` / ``cum_seq_k`` the tensors are
+    (total, heads, dim), as the flash kernel's variable-length form (and the log-sum-exp
+    (heads, total_q))."""
+    op = "_cudnn_attention_forward"
+    _no_dropout(op, dropout_p)
+    if cum_seq_q is None:
+        return cudnn_sdpa_forward(query, key, value, attn_bias, compute_log_sumexp, 0.0, is_causal,
+                                  return_debug_mask, scale=scale)
+    if attn_bias is not None:
+        _unsupported_argument(op, "attn_bias with cum_seq_q")
+    out, lse = _flash(query, key, value, cum_seq_q, cum_seq_k, is_causal, scale, None, None)
+    return (out, lse, cum_seq_q, cum_seq_k, max_q, max_k, torch.zeros((), dtype=torch.int64),
+            torch.zeros((), dtype=torch.int64), torch.empty(0, dtype=query.dtype))
+
+
+def cudnn_attention_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset,
+                             attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *,
+                             scale=None):  # noqa: ARG001
+    op = "_cudnn_attention_backward"
+    _no_dropout(op, dropout_p)
+    if cum_seq_q is None or cum_seq_q.numel() == 0:   # the dense call passes empty offsets
+        return cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed,
+                                   philox_offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+                                   0.0, is_causal, scale=scale)
+    with _autograd_back_on(), torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
+        result, _ = _flash(q, k, v, cum_seq_q, cum_seq_k, is_causal, scale, None, None)
+        return tuple(torch.autograd.grad(result, (q, k, v), grad_out))
+
+
 # xformers-style memory-efficient attention (aten::_efficient_attention_forward / _backward):
 # (batch, length, heads, dim) tensors, an additive bias, variable lengths through cumulative
 # offsets (batch 1), and a causal mask aligned top left (custom_mask_type 1) or bottom right (2).
@@ -322,6 +356,8 @@ def register() -> None:
                          ("_flash_attention_backward", flash_attention_backward),
                          ("_scaled_dot_product_cudnn_attention", cudnn_sdpa_forward),
                          ("_scaled_dot_product_cudnn_attention_backward", cudnn_sdpa_backward),
+                         ("_cudnn_attention_forward", cudnn_attention_forward),
+                         ("_cudnn_attention_backward", cudnn_attention_backward),
                          ("_efficient_attention_forward", efficient_attention_forward),
                          ("_efficient_attention_backward", efficient_attention_backward)):
         library.impl(name, kernel, "CPU")

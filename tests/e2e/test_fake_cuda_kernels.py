@@ -52,6 +52,12 @@ def test_cudnn_sdpa_called_directly_equals_math(probe):
     assert probe["cudnn_sdpa"] == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_cudnn_attention_forward_dense_and_packed_equals_math(probe):
+    assert probe["cudnn_attention_dense"] == [0.0, 0.0, 0.0, 0.0]
+    assert probe["cudnn_attention_packed"] == [0.0, 0.0, 0.0, 0.0]
+    assert probe["cudnn_attention_packed_lse_shape"] == [4, 24]   # (heads, total_q), flash's
+
+
 def test_efficient_attention_called_directly_equals_math(probe):
     # output, log-sum-exp rows, and the gradients of q, k, v and the bias
     out_diff, lse_diff, *grads = probe["efficient_bias_causal"]

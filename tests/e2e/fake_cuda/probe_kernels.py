@@ -60,6 +60,29 @@ qr, kr, vr = leaves(qc, kc, vc)
 math(qr, kr, vr, None, 0.0, True, None)[0].backward(grad)
 out["cudnn_sdpa"] = [diff(fwd[0], ref), diff(bwd[0], qr.grad), diff(bwd[1], kr.grad), diff(bwd[2], vr.grad)]
 
+# aten::_cudnn_attention_forward / _backward (what varlen_attn calls on cuDNN GPUs): dense, as
+# _scaled_dot_product_cudnn_attention; and packed (total, heads, dim) sequences with
+# cum_seq_q/k, against the math kernel per sequence.
+fwd = torch.ops.aten._cudnn_attention_forward(qc, kc, vc, None, None, None, 16, 16, True, 0.0, True, False)
+bwd = torch.ops.aten._cudnn_attention_backward(
+    grad, qc, kc, vc, fwd[0], fwd[1], fwd[6], fwd[7], torch.empty(0), torch.empty(0), torch.empty(0),
+    16, 16, 0.0, True)
+out["cudnn_attention_dense"] = [diff(fwd[0], ref), diff(bwd[0], qr.grad), diff(bwd[1], kr.grad),
+                                diff(bwd[2], vr.grad)]
+qp, kp, vp = (torch.randn(24, 4, 8, device="cuda") for _ in range(3))
+fwd = torch.ops.aten._cudnn_attention_forward(qp, kp, vp, None, cu, cu, 14, 14, True, 0.0, True, False)
+gp = torch.randn_like(qp)
+bwd = torch.ops.aten._cudnn_attention_backward(gp, qp, kp, vp, fwd[0], fwd[1], fwd[6], fwd[7],
+                                               torch.empty(0), cu, cu, 14, 14, 0.0, True)
+qr, kr, vr = leaves(qp, kp, vp)
+parts = [math(qr[a:b].transpose(0, 1), kr[a:b].transpose(0, 1), vr[a:b].transpose(0, 1), None,
+              0.0, True, None)[0].transpose(0, 1) for a, b in ((0, 10), (10, 24))]
+ref = torch.cat(parts)
+ref.backward(gp)
+out["cudnn_attention_packed"] = [diff(fwd[0], ref), diff(bwd[0], qr.grad), diff(bwd[1], kr.grad),
+                                 diff(bwd[2], vr.grad)]
+out["cudnn_attention_packed_lse_shape"] = list(fwd[1].shape)
+
 # xformers-style aten::_efficient_attention_forward / _backward, (batch, length, heads, dim):
 # a bias with a causal mask from the top left, and a causal mask from the bottom right on
 # variable-length sequences; against the math kernel on the same masks.
