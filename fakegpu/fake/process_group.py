@@ -508,6 +508,9 @@ def register() -> str:
     """Register the ``fakegpu_fake`` backend with torch.distributed (idempotent)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        from fakegpu.torch.dynamo_skip import skip_fakegpu
+
+        skip_fakegpu()
     return BACKEND_NAME
 
 

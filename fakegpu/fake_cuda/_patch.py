@@ -374,6 +374,10 @@ MEMORY_ENV = "FAKEGPU_FAKE_CUDA_MEMORY"
 
 
 def install() -> None:
+    # torch.compile's inductor asks triton for a GPU when torch.cuda.is_available() (True
+    # here); a triton installed beside the CPU torch then looks for libcuda and fails.
+    # The fake devices' kernels are the CPU's: inductor must generate CPU code.
+    os.environ.setdefault("TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION", "1")
     import torch.cuda
     import torch.cuda.memory
     import torch.cuda.random

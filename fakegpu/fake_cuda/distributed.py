@@ -40,6 +40,9 @@ def install() -> None:
         return
     _installed = True
     register()
+    from fakegpu.torch.dynamo_skip import skip_fakegpu
+
+    skip_fakegpu()  # its wrappers around the backend's methods run under C++ callers too
     c10d.Backend.default_device_backend_map["cuda"] = BACKEND_NAME
 
     original_helper = c10d._new_process_group_helper

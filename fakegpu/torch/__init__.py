@@ -47,6 +47,9 @@ def register() -> None:
     if is_registered():
         return
     dist.Backend.register_backend(BACKEND_NAME, create_fakegpu_process_group, devices=["cpu"])
+    from .dynamo_skip import skip_fakegpu
+
+    skip_fakegpu()
 
 
 def split_group(parent_pg=None, split_ranks=None, timeout=None, group_desc=None):
