@@ -407,11 +407,12 @@ def install() -> None:
     rt.patch_tensor_methods()
     rt.patch_sdpa()
     _patch_tensor_constructors()
-    from . import kernels, sync_batchnorm
+    from . import data_parallel, kernels, sync_batchnorm
 
     kernels.register()
     kernels.patch_flex_attention()
     sync_batchnorm.register()
+    data_parallel.install()
     _patch_autocast()
     _patch_storage_resize()
     _patch_cuda_graphs()
