@@ -65,7 +65,15 @@ _CUDA_FUNCTIONS = {
     "is_current_stream_capturing": lambda: False,
     "memory_snapshot": rt.memory_snapshot,
     "memory_summary": rt.memory_summary,
+    "set_per_process_memory_fraction": rt.set_per_process_memory_fraction,
+    "get_per_process_memory_fraction": rt.get_per_process_memory_fraction,
+    "ipc_collect": rt.ipc_collect,
 }
+
+# torch.cuda.FloatTensor and its kind (old scripts: ``Tensor = torch.cuda.FloatTensor if cuda
+# else torch.FloatTensor``): on fake devices they are the CPU types, as in the port.
+_LEGACY_TENSOR_TYPES = ("DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor",
+                        "IntTensor", "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor")
 
 _MEMORY_MODULE_EXTRA = {
     "_snapshot": rt._snapshot,
@@ -149,6 +157,22 @@ def _distinct(function):
 def _set_all(module, names: dict) -> None:
     for name, value in names.items():
         setattr(module, name, value)
+
+
+def _patch_legacy_tensor_types() -> None:
+    for name in _LEGACY_TENSOR_TYPES:
+        setattr(torch.cuda, name, getattr(torch, name))
+    original_type = torch.Tensor.type
+
+    @functools.wraps(original_type)
+    def type(self, dtype=None, non_blocking=False, **kwargs):
+        if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+            dtype = "torch." + dtype[len("torch.cuda."):]
+        if dtype is None:
+            return original_type(self)
+        return original_type(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type
 
 
 def _patch_nvtx() -> None:
@@ -391,6 +415,10 @@ def install() -> None:
     _set_all(torch.cuda.streams, {"Stream": rt.Stream, "ExternalStream": rt.ExternalStream, "Event": rt.Event})
     torch.cuda.default_generators = tuple(torch.default_generator for _ in range(rt.device_count()))
     _patch_nvtx()
+    _patch_legacy_tensor_types()
+    import torch.cuda.nccl
+
+    torch.cuda.nccl.version = rt.nccl_version
 
     import torch.accelerator
     import torch.accelerator.memory

@@ -42,6 +42,7 @@ uint64_t fakegpu_alloc_model_malloc(void* model, uint64_t nbytes);
 void fakegpu_alloc_model_free(void* model, uint64_t handle);
 uint64_t fakegpu_alloc_model_block_size(void* model, uint64_t handle);
 void fakegpu_alloc_model_release_cached(void* model);
+void fakegpu_alloc_model_set_limit(void* model, uint64_t limit);
 void fakegpu_alloc_model_reset_peak(void* model);
 void fakegpu_alloc_model_reset_accumulated(void* model);
 void fakegpu_alloc_model_stats(void* model, int64_t* out);
@@ -137,6 +138,7 @@ class CachingAllocatorModel:
         self._ffi, self._lib = _library()
         self.device = device
         self.total_memory = int(total_memory)
+        self.fraction: Optional[float] = None   # set_per_process_memory_fraction
         self._model = self._ffi.gc(self._lib.fakegpu_alloc_model_new(device, self.total_memory),
                                    self._lib.fakegpu_alloc_model_delete)
         self._malloc = self._lib.fakegpu_alloc_model_malloc
@@ -158,13 +160,22 @@ class CachingAllocatorModel:
         """``empty_cache``: give back every segment that holds no allocated block."""
         self._lib.fakegpu_alloc_model_release_cached(self._model)
 
+    def set_fraction(self, fraction: float) -> None:
+        """``set_per_process_memory_fraction``: segments past ``fraction`` x total are refused."""
+        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.fraction = float(fraction)
+        self._lib.fakegpu_alloc_model_set_limit(self._model, int(self.fraction * self.total_memory))
+
     def _raise_out_of_memory(self, nbytes: int) -> None:
         size = round_size(nbytes)
         reserved, allocated = self.reserved, self.allocated
         free = self.total_memory - reserved
+        allowed = "" if self.fraction is None else \
+            f" (the process may use {_fmt(int(self.fraction * self.total_memory))}: memory fraction {self.fraction:g})"
         raise OutOfMemory(
             f"CUDA out of memory. Tried to allocate {_fmt(size)}. GPU {self.device} has a total "
-            f"capacity of {_fmt(self.total_memory)} of which {_fmt(free)} is free. Of the "
+            f"capacity of {_fmt(self.total_memory)} of which {_fmt(free)} is free{allowed}. Of the "
             f"allocated memory {_fmt(allocated)} is allocated by PyTorch, and "
             f"{_fmt(reserved - allocated)} is reserved by PyTorch but unallocated. "
             "(fakegpu fake device: host memory, the CUDA caching allocator's figures)")

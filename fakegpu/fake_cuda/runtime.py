@@ -409,6 +409,27 @@ def empty_cache() -> None:
         model.release_cached()
 
 
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    _model(device).set_fraction(fraction)
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    fraction = _model(device).fraction
+    return 1.0 if fraction is None else fraction
+
+
+def ipc_collect() -> None:
+    """No CUDA IPC handles exist on fake devices: nothing to release."""
+
+
+def nccl_version() -> tuple:
+    """``torch.cuda.nccl.version()``: the NCCL version the fakegpu shim implements."""
+    from fakegpu.torch.process_group import library
+
+    code = library().version()
+    return code // 10000, code // 100 % 100, code % 100
+
+
 def mem_get_info(device=None) -> tuple[int, int]:
     model = _model(device)
     return model.total_memory - model.reserved, model.total_memory

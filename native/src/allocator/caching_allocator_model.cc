@@ -97,8 +97,12 @@ struct Segment {
 
 class Model {
  public:
-  Model(int device, uint64_t total) : total_memory_(total),
+  Model(int device, uint64_t total) : total_memory_(total), limit_(total),
       next_address_(0x7F0000000000ull + static_cast<uint64_t>(device) * (1ull << 40)) {}
+
+  // torch.cuda.set_per_process_memory_fraction: the allocator refuses a segment that would take
+  // the reserved bytes past fraction x total (CUDACachingAllocator's allowed_memory_maximum).
+  void set_limit(uint64_t limit) { limit_ = limit < total_memory_ ? limit : total_memory_; }
 
   ~Model() {
     for (Segment* s : segments_) {
@@ -284,12 +288,13 @@ class Model {
 
   int64_t reserved() const { return stats_[kReservedBytes].by_pool[0].current; }
 
+
   Block* new_segment(Pool pool, uint64_t size) {
     const uint64_t seg_size = segment_size(size);
-    if (static_cast<uint64_t>(reserved()) + seg_size > total_memory_) {
+    if (static_cast<uint64_t>(reserved()) + seg_size > limit_) {
       ++num_alloc_retries_;
       release_cached();
-      if (static_cast<uint64_t>(reserved()) + seg_size > total_memory_) {
+      if (static_cast<uint64_t>(reserved()) + seg_size > limit_) {
         ++num_ooms_;
         return nullptr;
       }
@@ -306,6 +311,7 @@ class Model {
   }
 
   uint64_t total_memory_;
+  uint64_t limit_;
   uint64_t next_address_;
   uint64_t next_handle_ = 1;
   std::vector<Segment*> segments_;
@@ -345,6 +351,9 @@ ALLOCATOR_MODEL_API void fakegpu_alloc_model_reset_accumulated(void* model) {
 ALLOCATOR_MODEL_API void fakegpu_alloc_model_stats(void* model, int64_t* out) { static_cast<Model*>(model)->stats(out); }
 ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_model_blocks(void* model, uint64_t* out, uint64_t capacity) {
   return static_cast<Model*>(model)->blocks(out, capacity);
+}
+ALLOCATOR_MODEL_API void fakegpu_alloc_model_set_limit(void* model, uint64_t limit) {
+  static_cast<Model*>(model)->set_limit(limit);
 }
 ALLOCATOR_MODEL_API uint64_t fakegpu_alloc_round_size(uint64_t nbytes) {
   return fakegpu::allocator::round_size(nbytes);
