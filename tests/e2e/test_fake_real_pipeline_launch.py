@@ -118,7 +118,10 @@ STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*(-?[0-9.]+)\s+grad_norm:\s*([0-
 @pytest.mark.skipif(not HAS_TORCHTITAN,
                     reason="TorchTitan 0.3.0 (with tensorboard, tokenizers, datasets) is not "
                            "installed; CI does not install it")
-def test_torchtitan_pipeline_parallel_under_real_pp_fake_spmd(tmp_path, shim_library):
+@pytest.mark.parametrize("launch", ["explicit-pp-standalone", "inferred-pp"])
+def test_torchtitan_pipeline_parallel_under_real_pp_fake_spmd(tmp_path, shim_library, launch):
+    """As TorchTitan's users launch it: with FAKEGPU_PP_DEGREE and --standalone, and with
+    neither (P is the number of processes torchrun starts)."""
     sys.path.insert(0, str(REPO_ROOT / "verification" / "titan"))
     try:
         from assets import write_assets
@@ -127,10 +130,11 @@ def test_torchtitan_pipeline_parallel_under_real_pp_fake_spmd(tmp_path, shim_lib
     tokenizer, dataset = write_assets(str(tmp_path / "assets"))
     report = tmp_path / "report.json"
     steps = 2
-    env = fgpu_env(shim_library, NGPU="8", FAKEGPU_PP_DEGREE="2")
+    explicit = launch == "explicit-pp-standalone"
+    env = fgpu_env(shim_library, NGPU="8", **({"FAKEGPU_PP_DEGREE": "2"} if explicit else {}))
     out, err = run_fgpu_torchrun(
         tmp_path, env, ["-q", "--dist-mode", "real_pp_fake_spmd", "--report", str(report)],
-        ["--standalone", "--nproc-per-node", "2", "-m", "torchtitan.train",
+        [*(["--standalone"] if explicit else []), "--nproc-per-node", "2", "-m", "torchtitan.train",
          "--module", "llama3", "--config", "llama3_debugmodel",
          "--hf-assets-path", tokenizer, "--dataloader.dataset-path", dataset,
          "--parallelism.pipeline-parallel-degree", "2", "--parallelism.data-parallel-shard-degree", "4",
