@@ -4,36 +4,15 @@ The probe (tests/e2e/fake_cuda/probe_data_parallel.py) runs in a fresh interpret
 sets up a rank; it trains `nn.DataParallel(model).cuda()` beside the computation DataParallel
 stands for, done by hand, and everything must agree bit for bit.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from helpers.paths import REPO_ROOT
+from helpers.fake_cuda_probe import NEEDS_TORCH, run_probe
 
-AUTOLOAD = REPO_ROOT / "fakegpu" / "torch" / "autoload"
-PROBE = Path(__file__).resolve().parent / "fake_cuda" / "probe_data_parallel.py"
-
-try:
-    import torch  # noqa: F401
-    HAS_TORCH = True
-except ImportError:
-    HAS_TORCH = False
-
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")]
+pytestmark = NEEDS_TORCH
 
 
 @pytest.fixture(scope="module")
 def probe() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
-               FAKEGPU_DEVICE_COUNT="3", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe("probe_data_parallel.py", 3)
 
 
 def test_data_parallel_spans_every_fake_device(probe):

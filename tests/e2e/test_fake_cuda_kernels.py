@@ -3,37 +3,15 @@
 The probe (tests/e2e/fake_cuda/probe_kernels.py) runs in a fresh interpreter set up as fgpu sets
 up a rank, so the patches never touch this pytest process.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from helpers.paths import REPO_ROOT
+from helpers.fake_cuda_probe import NEEDS_TORCH, probe_process, run_probe
 
-AUTOLOAD = REPO_ROOT / "fakegpu" / "torch" / "autoload"
-PROBES = Path(__file__).resolve().parent / "fake_cuda"
-PROBE = PROBES / "probe_kernels.py"
-
-try:
-    import torch  # noqa: F401
-    HAS_TORCH = True
-except ImportError:
-    HAS_TORCH = False
-
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")]
+pytestmark = NEEDS_TORCH
 
 
 @pytest.fixture(scope="module")
 def probe() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
-               FAKEGPU_DEVICE_COUNT="2", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe("probe_kernels.py", 2)
 
 
 def test_varlen_attention_equals_math_per_sequence_bit_for_bit(probe):
@@ -95,11 +73,7 @@ def test_integer_devices_are_fake_cuda_devices(probe):
 
 def test_without_memory_tracking_an_op_without_cpu_kernel_still_fails_in_one_line():
     # FAKEGPU_FAKE_CUDA_MEMORY=0 leaves out the per-op tracking mode; the message is the same.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
-               FAKEGPU_FAKE_CUDA_MEMORY="0")
-    done = subprocess.run([sys.executable, str(PROBES / "probe_unsupported_op.py")],
-                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    done = probe_process("probe_unsupported_op.py", 1, FAKEGPU_FAKE_CUDA_MEMORY="0")
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

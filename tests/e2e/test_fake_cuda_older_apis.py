@@ -1,35 +1,14 @@
 """torch.cuda APIs of older GPU scripts on fake devices: legacy tensor types, ipc_collect,
 torch.cuda.nccl.version, set_per_process_memory_fraction (probe: fake_cuda/probe_older_apis.py)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from helpers.paths import REPO_ROOT
+from helpers.fake_cuda_probe import NEEDS_TORCH, run_probe
 
-AUTOLOAD = REPO_ROOT / "fakegpu" / "torch" / "autoload"
-PROBE = Path(__file__).resolve().parent / "fake_cuda" / "probe_older_apis.py"
-
-try:
-    import torch  # noqa: F401
-    HAS_TORCH = True
-except ImportError:
-    HAS_TORCH = False
-
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")]
+pytestmark = NEEDS_TORCH
 
 
 @pytest.fixture(scope="module")
 def probe(shim_library) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEGPU_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(AUTOLOAD), str(REPO_ROOT)]), FAKEGPU_FAKE_CUDA="1",
-               FAKEGPU_DEVICE_COUNT="2", OMP_NUM_THREADS="1", FAKEGPU_NCCL_LIBRARY=shim_library)
-    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe("probe_older_apis.py", 2, FAKEGPU_NCCL_LIBRARY=shim_library)
 
 
 def test_legacy_cuda_tensor_types_are_the_ports_cpu_types(probe):
