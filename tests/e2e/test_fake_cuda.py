@@ -354,6 +354,18 @@ def test_accelerator_only_fsdp2_script_matches_its_cpu_port_bit_for_bit(tmp_path
     assert [f["device_count"] for f in fake] == [2, 2]
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_fsdp2_mixed_precision_script_matches_its_cpu_port_bit_for_bit(tmp_path, shim_library):
+    import torch
+
+    # bfloat16 parameters and compute, float32 gradient reduce-scatter (TorchTitan's default)
+    fake = _run_program(tmp_path, "accel_fsdp2_gpu.py", 2, shim_library, under_fgpu=True, extra_args=["bf16"])
+    port = _run_program(tmp_path, "accel_fsdp2_cpu.py", 2, shim_library, under_fgpu=False, extra_args=["bf16"])
+    _compare(fake, port, exact=True)
+    assert all(p.dtype == torch.float32 for p in fake[0]["params"].values())   # sharded fp32 master
+
+
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")

@@ -10,9 +10,13 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 out_dir = sys.argv[1]
+# "bf16": FSDP2's mixed precision (bfloat16 compute, float32 reduce-scatter), as TorchTitan runs
+mixed = len(sys.argv) > 2 and sys.argv[2] == "bf16"
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed \
+    else MixedPrecisionPolicy()
 acc = torch.accelerator.current_accelerator()
 assert torch.accelerator.is_available(), "no GPUs"
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -28,15 +32,15 @@ with torch.device(device):
                                 torch.nn.GELU(), torch.nn.Linear(32, 4))
 for layer in model:
     if isinstance(layer, torch.nn.Linear):
-        fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+fully_shard(model, mesh=mesh, mp_policy=policy)
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 torch.manual_seed(1 + dist.get_rank())
 losses = []
 for step in range(4):
     x = torch.randn(8, 16, device=device)
     y = torch.randn(8, 4, device=device)
-    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss = torch.nn.functional.mse_loss(model(x).float(), y)
     loss.backward()
     opt.step()
     opt.zero_grad()
