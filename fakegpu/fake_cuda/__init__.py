@@ -21,6 +21,32 @@ def requested(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def device_count_from(environ: Mapping[str, str] = os.environ) -> int:
+    """The devices this process sees: the physical count (below), narrowed by
+    ``CUDA_VISIBLE_DEVICES`` as the CUDA runtime narrows it."""
+    return len(visible_devices(physical_device_count(environ), environ))
+
+
+def visible_devices(physical: int, environ: Mapping[str, str] = os.environ) -> list:
+    """The physical devices behind this process's device 0, 1, ...: ``CUDA_VISIBLE_DEVICES``
+    read as CUDA reads a list of indices (the list ends at the first entry that is not a
+    valid index: out of range, negative, repeated or not a number), or all of them when unset.
+    GPU UUIDs (``GPU-...``, ``MIG-...``) name no fake device, so a list of them is not applied."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return list(range(physical))
+    entries = [e.strip() for e in raw.split(",")] if raw.strip() else []
+    if any(e.upper().startswith(("GPU-", "MIG-")) for e in entries):
+        return list(range(physical))
+    visible: list = []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) >= physical or int(entry) in visible:
+            break
+        visible.append(int(entry))
+    return visible
+
+
+def physical_device_count(environ: Mapping[str, str] = os.environ) -> int:
+    """N of the fake machine: ``FAKEGPU_DEVICE_COUNT``, else torchrun's LOCAL_WORLD_SIZE, else 1."""
     for var in (COUNT_ENV, "LOCAL_WORLD_SIZE"):
         value = environ.get(var, "").strip()
         if value:
@@ -54,6 +80,8 @@ def activate_from_environment(environ: Mapping[str, str] = os.environ) -> bool:
         return False
     if real_gpu_usable():
         return False
+    if device_count_from(environ) == 0:
+        return False   # CUDA_VISIBLE_DEVICES hides every device: a machine without GPUs
     activate(device_count_from(environ), environ=environ)
     return True
 
@@ -72,4 +100,5 @@ def activate(count: Optional[int] = None, environ: Mapping[str, str] = os.enviro
     _active = True
 
 
-__all__ = ["activate", "activate_from_environment", "device_count_from", "is_active", "requested"]
+__all__ = ["activate", "activate_from_environment", "device_count_from", "is_active", "physical_device_count",
+           "requested", "visible_devices"]

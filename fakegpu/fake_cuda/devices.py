@@ -76,10 +76,16 @@ def properties_for(profile_name: str, index: int) -> FakeDeviceProperties:
 def profiles_for_this_process(count: int, environ=os.environ) -> list[str]:
     """Profile names of this process's ``count`` fake devices.
 
-    Device k of a rank is GPU k of the rank's node in the cluster YAML; without a YAML (or
-    when the node lists fewer GPUs) the default profile fills in.
+    Device k of a rank is GPU k of the rank's node in the cluster YAML (GPU
+    ``CUDA_VISIBLE_DEVICES[k]`` when that narrows the devices); without a YAML (or when the node
+    lists fewer GPUs) the default profile fills in.
     """
+    from . import physical_device_count, visible_devices
+
     names = [DEFAULT_PROFILE] * count
+    physical = visible_devices(physical_device_count(environ), environ)
+    if len(physical) != count:   # an explicit count given to activate(): no narrowing
+        physical = list(range(count))
     path = environ.get("FAKEGPU_CLUSTER_CONFIG")
     if not path:
         return names
@@ -91,9 +97,9 @@ def profiles_for_this_process(count: int, environ=os.environ) -> list[str]:
         node = topology.nodes[topology.node_of(rank)]
     except Exception:  # a broken YAML is the coordinator's error to report, not ours
         return names
-    for k in range(count):
-        if k < len(node.gpus):
-            names[k] = node.gpus[k].name
+    for k, gpu in enumerate(physical):
+        if gpu < len(node.gpus):
+            names[k] = node.gpus[gpu].name
     return names
 
 

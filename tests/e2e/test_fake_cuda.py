@@ -142,6 +142,44 @@ def test_random_allocation_sequences_keep_the_allocators_invariants():
     assert (m.allocated, m.reserved, len(m.segments)) == (0, 0, 0)
 
 
+def test_cuda_visible_devices_narrows_the_devices_as_cuda_does():
+    from fakegpu.fake_cuda import visible_devices
+
+    env = {"FAKEGPU_DEVICE_COUNT": "4"}
+    assert device_count_from(dict(env, CUDA_VISIBLE_DEVICES="2,3")) == 2
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": "3, 1"}) == [3, 1]      # order kept
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": "0,1,7,2"}) == [0, 1]   # ends at 7 (out of range)
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": "1,1,2"}) == [1]        # ends at the repeat
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": "-1,0"}) == []          # CUDA's way to hide all
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_devices(4, {"CUDA_VISIBLE_DEVICES": "GPU-8f0c2e1a,GPU-1"}) == [0, 1, 2, 3]  # UUIDs: not applied
+    assert visible_devices(4, {}) == [0, 1, 2, 3]
+
+
+def test_visible_devices_take_their_physical_gpus_profiles(tmp_path):
+    from fakegpu.fake_cuda.devices import profiles_for_this_process
+
+    config = tmp_path / "mixed.yaml"
+    config.write_text(textwrap.dedent("""
+        version: 1
+        cluster:
+          name: mixed
+        nodes:
+          - id: node0
+            ranks: [0, 1, 2, 3]
+            gpus: [{profile: h100}, {profile: h100}, {profile: a100}, {profile: a100}]
+        fabric:
+          intra_node: {type: nvlink, bandwidth_gbps: 3600, latency_us: 3}
+          inter_node: {type: infiniband, bandwidth_gbps: 400, latency_us: 5}
+    """))
+    from fakegpu.topology import load_cluster_config
+
+    load_cluster_config(str(config))   # the YAML itself is valid (a broken one falls back silently)
+    env = {"FAKEGPU_CLUSTER_CONFIG": str(config), "RANK": "0", "FAKEGPU_DEVICE_COUNT": "4"}
+    assert profiles_for_this_process(4, env) == ["h100", "h100", "a100", "a100"]
+    assert profiles_for_this_process(2, dict(env, CUDA_VISIBLE_DEVICES="2,0")) == ["a100", "h100"]
+
+
 def test_device_count_defaults():
     assert device_count_from({}) == 1
     assert device_count_from({"LOCAL_WORLD_SIZE": "4"}) == 4
