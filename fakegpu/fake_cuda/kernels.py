@@ -418,15 +418,20 @@ def _without_tracking_mode():
     refuses to run under a user dispatch mode other than torch's own, and whose guards on the
     torch-function mode stack would fail (recompiling on every call) as fakegpu's device
     rewrite mode moves in that stack.  Both fakegpu modes step out of their stacks for the
-    call (modes above them, e.g. selective activation checkpointing's, stay, as in the CPU
-    port); the caller charges the outputs.  Yields the tracking mode, or None if not active."""
+    call, and so do the dispatch modes above the tracking mode (selective activation
+    checkpointing's): taking the tracking mode from beneath them and putting them back made
+    the tensors' dispatch keys that dynamo's guards record differ from the ones it then
+    checks, so every call under checkpointing recompiled (4.9x slower TorchTitan steps).
+    Checkpointing then neither saves nor replays flex's outputs: its recomputation in backward
+    recomputes the call, with the same bits (the reference implementation is deterministic).
+    The caller charges the outputs.  Yields the tracking mode, or None if not active."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
     from .memory import TrackingMode
     from .runtime import DeviceRewriteMode
 
     with _out_of_stack(_get_current_dispatch_mode_stack(), TrackingMode,
-                       _pop_mode, _push_mode) as tracking, \
+                       _pop_mode, _push_mode, keep_above=False) as tracking, \
             _out_of_stack(torch.overrides._get_current_function_mode_stack(), DeviceRewriteMode,
                           torch._C._pop_torch_function_stack,
                           torch._C._push_on_torch_function_stack):
@@ -434,14 +439,24 @@ def _without_tracking_mode():
 
 
 @contextlib.contextmanager
-def _out_of_stack(modes: list, kind: type, pop, push):
+def _out_of_stack(modes: list, kind: type, pop, push, keep_above: bool = True):
     """Take the first mode of ``kind`` out of a mode stack (``modes``, bottom first) while the
-    block runs; yields it, or None when the stack has none."""
+    block runs, and the modes above it unless ``keep_above``; yields it, or None when the stack
+    has none."""
     position = next((i for i, mode in enumerate(modes) if isinstance(mode, kind)), None)
     if position is None:
         yield None
         return
-    above = modes[position + 1:]
+    above = modes[position + 1:] if keep_above else []
+    if not keep_above:
+        for _ in modes[position:]:
+            pop()
+        try:
+            yield modes[position]
+        finally:
+            for mode in modes[position:]:
+                push(mode)
+        return
     for _ in range(len(above) + 1):
         pop()
     for mode in above:

@@ -519,6 +519,7 @@ def test_flex_attention_cuda_graphs_and_newer_distributed_apis_under_fake_cuda()
     assert got["flex_forward_close"] and got["flex_grads_close"]
     assert got["compiled_flex_equals_eager"] and got["flex_output_charged"]
     assert got["flex_under_sac_equal"]
+    assert got["flex_under_sac_new_graphs"] == 0
     # CUDA graphs cannot be captured: one fakegpu line per API, CUDAGraph still a class.
     for name, message in got["graph_refusals"].items():
         assert message and message.startswith(f"fakegpu: torch.cuda.{name} needs CUDA graph capture")

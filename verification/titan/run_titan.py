@@ -16,9 +16,8 @@ Why these options (see docs/fake-cuda.md, "TorchTitan"):
   --parallelism.spmd-backend partial_dtensor  the default (spmd_types) needs torch's nightly FSDP2
   --training.disable-cuda-graphs               CUDA graphs cannot be captured on fake devices
   --hf-assets-path / --dataloader.dataset-path the wheel ships neither (assets.py makes them)
-  activation-checkpoint:none                   (default here; --ac selective keeps the debug
-                                               config's selective AC: same losses, but flex
-                                               attention recompiles on every call under it)
+  --ac none                                    adds activation-checkpoint:none; the default keeps
+                                               the debug config's own selective AC
 """
 from __future__ import annotations
 
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
                         help="run only this configuration (repeatable)")
     parser.add_argument("--workdir", type=Path, help="keep logs and outputs here")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    parser.add_argument("--ac", choices=["none", "selective"], default="none",
+    parser.add_argument("--ac", choices=["none", "selective"], default="selective",
                         help="activation checkpointing (selective: the debug config's own)")
     args = parser.parse_args(argv)
 
