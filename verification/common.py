@@ -109,5 +109,15 @@ def save(out: str, rank: int, named: Iterable[tuple[str, torch.Tensor]], losses:
 
 
 def finish() -> None:
+    reference = dist.get_backend() == "gloo"
     dist.barrier()
     dist.destroy_process_group()
+    if reference:
+        # The gloo reference's results are saved; leave without interpreter teardown, where
+        # torch's gloo threads now and then abort the process ("terminate called without an
+        # active exception", seen in CI on fsdp1), which would fail the comparison for a reason
+        # that has nothing to do with the results.  The fakegpu side exits normally: its
+        # teardown is part of what is tested.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
