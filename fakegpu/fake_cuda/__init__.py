@@ -80,9 +80,10 @@ def activate_from_environment(environ: Mapping[str, str] = os.environ) -> bool:
         return False
     if real_gpu_usable():
         return False
-    if device_count_from(environ) == 0:
+    count = device_count_from(environ)
+    if count == 0:
         return False   # CUDA_VISIBLE_DEVICES hides every device: a machine without GPUs
-    activate(device_count_from(environ), environ=environ)
+    activate(count, environ=environ)
     return True
 
 

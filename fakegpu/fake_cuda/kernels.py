@@ -448,16 +448,7 @@ def _out_of_stack(modes: list, kind: type, pop, push, keep_above: bool = True):
         yield None
         return
     above = modes[position + 1:] if keep_above else []
-    if not keep_above:
-        for _ in modes[position:]:
-            pop()
-        try:
-            yield modes[position]
-        finally:
-            for mode in modes[position:]:
-                push(mode)
-        return
-    for _ in range(len(above) + 1):
+    for _ in modes[position:]:
         pop()
     for mode in above:
         push(mode)

@@ -180,10 +180,12 @@ def _forward_on_fake_device(bn, input, original):
     import torch.distributed as dist
     from torch.nn.modules._functions import SyncBatchNorm as sync_batch_norm
 
-    synchronised = (bn.training and dist.is_available() and dist.is_initialized()
-                    and dist.get_world_size(bn.process_group or dist.group.WORLD) > 1)
-    if not synchronised:
-        return original(bn, input)  # running statistics or one rank: F.batch_norm, no check
+    if not (bn.training and dist.is_available() and dist.is_initialized()):
+        return original(bn, input)  # running statistics: F.batch_norm, no check
+    group = bn.process_group or dist.group.WORLD
+    world = dist.get_world_size(group)
+    if world == 1:
+        return original(bn, input)  # one rank: F.batch_norm as well
     bn._check_input_dim(input)
     bn._check_non_zero_input_channels(input)
     factor = 0.0 if bn.momentum is None else bn.momentum
@@ -193,6 +195,5 @@ def _forward_on_fake_device(bn, input, original):
             factor = 1.0 / bn.num_batches_tracked.item()
     running_mean = bn.running_mean if bn.track_running_stats else None
     running_var = bn.running_var if bn.track_running_stats else None
-    group = bn.process_group or dist.group.WORLD
     return sync_batch_norm.apply(input, bn.weight, bn.bias, running_mean, running_var, bn.eps,
-                                 factor, group, dist.get_world_size(group))
+                                 factor, group, world)

@@ -17,6 +17,7 @@ are added when something else imports dynamo: a post-import hook on
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -47,8 +48,6 @@ def fakegpu_modules() -> list[str]:
             if info.name in USER_CODE_MODULES:
                 continue
             if holds_user_code:
-                import importlib
-
                 names += walk(importlib.import_module(info.name), info.name + ".")
             else:
                 names.append(info.name)
