@@ -253,9 +253,9 @@ def _patch_storage_resize() -> None:
 
     @functools.wraps(original)
     def resize_(self, size):
-        result = original(self, size)
-        rt.state().memory.resized(self, int(size))
-        return result
+        outcome = []
+        rt.state().memory.resize(self, int(size), lambda storage, n: outcome.append(original(storage, n)))
+        return outcome[0]
 
     torch.UntypedStorage.resize_ = resize_
 
@@ -397,6 +397,27 @@ _modes: list = []
 MEMORY_ENV = "FAKEGPU_FAKE_CUDA_MEMORY"
 
 
+def _tracking(memory, setting: str):
+    """The C++ storage tracker when it builds (FAKEGPU_FAKE_CUDA_MEMORY=python asks for the
+    Python dispatch mode), else :class:`TrackingMode`: the same accounting, the mode at
+    about 20 us more per aten op."""
+    if setting != "python":
+        from . import native_tracker
+        from .memory import NativeTracking, higher_order_operators_pass_over
+
+        loaded = native_tracker.load()
+        if loaded is not None:
+            ffi, lib = loaded
+            memory.use_native(ffi, lib)
+            higher_order_operators_pass_over(torch._C.DispatchKey(lib.fakegpu_tracker_dispatch_key()))
+            rt.on_current_device_change(lib.fakegpu_tracker_set_current)
+            return NativeTracking(lib)
+        if os.environ.get("FAKEGPU_DEBUG"):
+            print(f"fakegpu: the C++ storage tracker is not available ({native_tracker.failure()}); "
+                  "fake CUDA memory accounting uses the Python dispatch mode", file=sys.stderr)
+    return TrackingMode(memory)
+
+
 def install() -> None:
     # torch.compile's inductor asks triton for a GPU when torch.cuda.is_available() (True
     # here); a triton installed beside the CPU torch then looks for libcuda and fails.
@@ -458,7 +479,7 @@ def install() -> None:
 
     optim_defaults.install(rt.state().memory if tracking_memory else None)
     if tracking_memory:
-        tracking = TrackingMode(rt.state().memory)
+        tracking = _tracking(rt.state().memory, os.environ.get(MEMORY_ENV, "1").strip().lower())
         tracking.__enter__()
         _modes.append(tracking)
     rewrite = rt.DeviceRewriteMode()

@@ -54,6 +54,13 @@ uint64_t fakegpu_alloc_segment_size(uint64_t rounded);
 _library = ShimHelpers(_CDEF, "fakegpu_alloc_model_new", "the caching-allocator model's rules")
 
 
+def model_entry_points() -> tuple[int, int]:
+    """Addresses of the model's malloc and free, for the C++ storage tracker."""
+    ffi, lib = _library()
+    return (int(ffi.cast("uintptr_t", lib.fakegpu_alloc_model_malloc)),
+            int(ffi.cast("uintptr_t", lib.fakegpu_alloc_model_free)))
+
+
 def round_size(size: int) -> int:
     """A request rounded as the allocator rounds it (multiples of 512 bytes, at least 512)."""
     return int(_library()[1].fakegpu_alloc_round_size(int(size)))
@@ -145,12 +152,17 @@ class CachingAllocatorModel:
         self._free = self._lib.fakegpu_alloc_model_free
         self._stats_buffer = self._ffi.new("int64_t[]", _STATS_LEN)
 
+    @property
+    def address(self) -> int:
+        """The C++ model's address (the storage tracker charges it directly)."""
+        return int(self._ffi.cast("uintptr_t", self._model))
+
     # -- malloc / free ---------------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
         nbytes = int(nbytes)
         handle = self._malloc(self._model, nbytes)
         if handle == 0:
-            self._raise_out_of_memory(nbytes)
+            raise OutOfMemory(self.out_of_memory_message(nbytes))
         return Block(handle, nbytes, self)
 
     def free(self, block: Block) -> None:
@@ -167,13 +179,14 @@ class CachingAllocatorModel:
         self.fraction = float(fraction)
         self._lib.fakegpu_alloc_model_set_limit(self._model, int(self.fraction * self.total_memory))
 
-    def _raise_out_of_memory(self, nbytes: int) -> None:
+    def out_of_memory_message(self, nbytes: int) -> str:
+        """What ``torch.OutOfMemoryError`` says when ``nbytes`` more do not fit."""
         size = round_size(nbytes)
         reserved, allocated = self.reserved, self.allocated
         free = self.total_memory - reserved
         allowed = "" if self.fraction is None else \
             f" (the process may use {_fmt(int(self.fraction * self.total_memory))}: memory fraction {self.fraction:g})"
-        raise OutOfMemory(
+        return (
             f"CUDA out of memory. Tried to allocate {_fmt(size)}. GPU {self.device} has a total "
             f"capacity of {_fmt(self.total_memory)} of which {_fmt(free)} is free{allowed}. Of the "
             f"allocated memory {_fmt(allocated)} is allocated by PyTorch, and "

@@ -25,20 +25,67 @@ _tls = threading.local()
 
 
 class DeviceMemory:
-    """The allocator models of this process's fake devices and the storage -> block map."""
+    """The allocator models of this process's fake devices and which storage is on which.
+
+    Two ways to know the latter: the C++ storage tracker (:meth:`use_native`,
+    native/storage_tracker.cc), which watches every op from a dispatch key and keeps the
+    storage -> block map itself, or the Python :class:`TrackingMode` with the map kept here
+    (a weakref per storage releases its block).  The methods below answer for either."""
 
     def __init__(self, totals: list[int]):
         self.models = [CachingAllocatorModel(i, total) for i, total in enumerate(totals)]
         # id(storage) -> (device, block, weakref that releases the block when the storage dies)
         self._blocks: dict[int, tuple] = {}
         self._lock = threading.Lock()
+        self.native = None      # the tracker's cffi lib once use_native() succeeded
+        self._ffi = None
+        # Native tracking: storages resized to 0 bytes (no memory, so the tracker forgot them)
+        # -> (device, weakref), so that a later resize_ re-grows them on the same device.
+        self._emptied: dict[int, tuple] = {}
 
+    # -- the C++ tracker ----------------------------------------------------------------------
+    def use_native(self, ffi, lib) -> None:
+        """Hand the models to the C++ tracker; from here on it keeps the storage map."""
+        global _native
+        from .allocator import model_entry_points
+
+        @ffi.callback("int(int, uint64_t, char*, int)")
+        def out_of_memory_message(device, nbytes, buffer, capacity):
+            text = self.models[device].out_of_memory_message(int(nbytes)).encode()[:capacity]
+            ffi.memmove(buffer, text, len(text))
+            return len(text)
+
+        self._out_of_memory_message = out_of_memory_message   # kept alive: C++ calls it
+        malloc, free = model_entry_points()
+        lib.fakegpu_tracker_configure(malloc, free, int(ffi.cast("uintptr_t", out_of_memory_message)))
+        for model in self.models:
+            lib.fakegpu_tracker_add_device(ffi.cast("void*", model.address))
+        self.native, self._ffi = lib, ffi
+        _native = lib
+        import atexit
+
+        atexit.register(lib.fakegpu_tracker_stop)   # before the models are collected
+
+    def _pointer(self, storage):
+        return self._ffi.cast("void*", storage._cdata)
+
+    def tracked_storages(self) -> int:
+        return int(self.native.fakegpu_tracker_count()) if self.native is not None else len(self._blocks)
+
+    # -- either way ---------------------------------------------------------------------------
     def device_of_storage(self, storage) -> Optional[int]:
+        if self.native is not None:
+            device = self.native.fakegpu_tracker_device_of(self._pointer(storage))
+            return None if device < 0 else device
         entry = self._blocks.get(id(storage))
         return None if entry is None else entry[0]
 
     def charge(self, storage, device: int) -> None:
         """Account ``storage`` (not yet seen) on ``device``."""
+        if self.native is not None:
+            if self.native.fakegpu_tracker_charge(self._pointer(storage), device) == 2:
+                raise torch.OutOfMemoryError(self.models[device].out_of_memory_message(storage.nbytes()))
+            return
         key = id(storage)
         if key in self._blocks:
             return
@@ -65,8 +112,28 @@ class DeviceMemory:
             if entry is not None and entry[1] is not _EMPTY:
                 self.models[entry[0]].free(entry[1])
 
+    def resize(self, storage, new_nbytes: int, resize) -> None:
+        """``resize(storage, new_nbytes)`` (torch's ``UntypedStorage.resize_``) on a storage,
+        followed in the accounting: FSDP frees and re-grows unsharded parameters this way."""
+        if self.native is None:
+            resize(storage, new_nbytes)
+            self.resized(storage, new_nbytes)
+            return
+        key = id(storage)
+        device = self.device_of_storage(storage)
+        if device is None and key in self._emptied:
+            device = self._emptied[key][0]
+        resize(storage, new_nbytes)   # a new allocation: the tracker freed the old block
+        if device is None:
+            return
+        if new_nbytes:
+            self._emptied.pop(key, None)
+            self.charge(storage, device)
+        elif key not in self._emptied:
+            self._emptied[key] = (device, weakref.ref(storage, lambda _ref, key=key: self._emptied.pop(key, None)))
+
     def resized(self, storage, new_nbytes: int) -> None:
-        """``UntypedStorage.resize_`` on a tracked storage (FSDP frees and re-grows this way)."""
+        """The Python map's side of :meth:`resize`, after the storage was resized."""
         key = id(storage)
         with self._lock:
             entry = self._blocks.get(key)
@@ -93,15 +160,52 @@ class _EmptyBlock:
 _EMPTY = _EmptyBlock()  # the block of a storage resized to 0 bytes
 
 
+_native = None   # the C++ tracker's lib when it keeps the accounting
+
+
 @contextmanager
 def placing_on(device: int):
     """New storages created inside belong to fake device ``device``."""
     previous = getattr(_tls, "target", None)
     _tls.target = device
+    native = _native
+    if native is not None:
+        native_previous = native.fakegpu_tracker_set_target(device)
     try:
         yield
     finally:
         _tls.target = previous
+        if native is not None:
+            native.fakegpu_tracker_set_target(native_previous)
+
+
+class NativeTracking:
+    """The C++ tracker's counterpart of entering :class:`TrackingMode`: the calling thread's
+    ops pass through the tracker's dispatch key (torch keeps dispatch keys per thread)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __enter__(self):
+        self._lib.fakegpu_tracker_enable_thread(1)
+        return self
+
+    def __exit__(self, *exc_info):
+        self._lib.fakegpu_tracker_enable_thread(0)
+        return False
+
+
+def higher_order_operators_pass_over(dispatch_key) -> None:
+    """torch's higher-order operators (flex_attention, checkpointing's wrappers, cond, ...)
+    dispatch in Python and refuse a key they have no rule for: the tracker's key is one they
+    pass over (the ops they run inside are tracked as any others)."""
+    from torch import _ops
+
+    for operator in list(getattr(_ops, "_higher_order_ops", {}).values()):
+        operator.fallthrough(dispatch_key)
+    defaults = getattr(_ops, "_HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS", None)
+    if defaults is not None and dispatch_key not in defaults:
+        defaults.append(dispatch_key)   # operators created later
 
 
 def current_target() -> Optional[int]:

@@ -31,9 +31,26 @@ class _State:
     def __init__(self, count: int, profiles: list[str]):
         self.count = count
         self.properties = [_devices.properties_for(p, i) for i, p in enumerate(profiles)]
-        self.current = 0
+        self._current = 0
+        self.current_listeners: list = []   # told each new current device (the C++ tracker)
         self.memory = DeviceMemory([p.total_memory for p in self.properties])
         self.streams: dict[int, "Stream"] = {}
+
+    @property
+    def current(self) -> int:
+        return self._current
+
+    @current.setter
+    def current(self, index: int) -> None:
+        self._current = index
+        for listener in self.current_listeners:
+            listener(index)
+
+
+def on_current_device_change(listener) -> None:
+    """``listener(index)`` on every change of the current device, and now."""
+    state().current_listeners.append(listener)
+    listener(state().current)
 
 
 _state: Optional[_State] = None
