@@ -55,5 +55,6 @@ VARIABLES = [
     ('`FAKEGPU_PYTHON`', 'the interpreter that ran fgpu', 'fgpu, `build/fakegpu-coordinator`', "The Python that runs the coordinator and fakegpu's helpers."),
     ('`FAKEGPU_FAKE_WORLD_ENTRY`', '`1`', 'fake worlds (startup hook)', "`0` stops the program's own `init_process_group()` from entering the fake world, and `WORLD_SIZE`/`RANK` from being rewritten to the logical world's (docs/fake-worlds.md)."),
     ('`FAKEGPU_LAUNCH_WORLD_SIZE`, `FAKEGPU_LAUNCH_RANK`, `FAKEGPU_FAKE_WORLD_ENV`', '—', 'fake worlds (startup hook)', "Set by the startup hook, not by you: the launcher's own `WORLD_SIZE` and `RANK` (the physical processes) once the hook rewrote them to the logical world's, and a mark that the rewrite happened."),
-    ('`FAKEGPU_FAKE_CUDA_MEMORY`', '`1`', 'fake CUDA devices', "`0` leaves out the per-device memory accounting (its per-op cost): the memory API then reports nothing allocated (docs/fake-cuda.md)."),
+    ('`FAKEGPU_FAKE_CUDA_MEMORY`', '`1`', 'fake CUDA devices', "`1`: per-device memory accounting by the C++ storage tracker (compiled against the installed torch at first use), or by a Python dispatch mode when it cannot be built; `python` asks for the Python mode (about 20 us more per op); `0` leaves the accounting out: the memory API then reports nothing allocated (docs/fake-cuda.md)."),
+    ('`FAKEGPU_CACHE_DIR`', '`$XDG_CACHE_HOME/fakegpu`, else `~/.cache/fakegpu`', 'fake CUDA devices', "Where the C++ storage tracker is compiled, once per torch version (`torch-ext/`)."),
 ]

@@ -67,5 +67,7 @@ dp.eval()
 with torch.no_grad():
     xe = torch.randn(9, 5).cuda()
     reference.eval()
-    out["eval_equal"] = torch.equal(dp(xe), torch.cat([reference(c) for c in xe.chunk(3)]))
+    # Each chunk a copy of its own, as scatter gives each replica (a view at an offset can take
+    # another SIMD path in the CPU matmul and differ in the last bit).
+    out["eval_equal"] = torch.equal(dp(xe), torch.cat([reference(c.clone()) for c in xe.chunk(3)]))
 print(json.dumps(out))
