@@ -86,8 +86,7 @@ def run_variant(args, variant: str, workdir: Path) -> dict:
     if os.environ.get("FAKEGPU_NCCL_LIBRARY"):
         env["FAKEGPU_NCCL_LIBRARY"] = os.environ["FAKEGPU_NCCL_LIBRARY"]
     env["FAKEGPU_FAKE_CUDA"] = "1" if variant == "gpu" else "0"
-    if args.no_memory_tracking:
-        env["FAKEGPU_FAKE_CUDA_MEMORY"] = "0"
+    env["FAKEGPU_FAKE_CUDA_MEMORY"] = {"native": "1", "python": "python", "off": "0"}[args.memory]
     env["OMP_NUM_THREADS"] = str(args.threads)
     command = [sys.executable, "-m", "fakegpu", "run", "-q", "--device-count", str(args.nproc),
                "--report", str(workdir / f"{variant}-report.json"), "--",
@@ -119,8 +118,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="alternate gpu/port runs this many times")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--no-memory-tracking", action="store_true",
-                        help="run the fake-CUDA variant with FAKEGPU_FAKE_CUDA_MEMORY=0")
+    parser.add_argument("--memory", choices=["native", "python", "off"], default="native",
+                        help="the fake-CUDA variant's memory accounting: the C++ storage tracker "
+                             "(default), the Python dispatch mode, or none (FAKEGPU_FAKE_CUDA_MEMORY)")
     parser.add_argument("--profile", help="cProfile rank 0's timed steps into PROFILE.<variant>.pstats "
                         "(the figures then include the profiler's own cost)")
     args = parser.parse_args(argv)

@@ -403,7 +403,7 @@ def _tracking(memory, setting: str):
     about 20 us more per aten op."""
     if setting != "python":
         from . import native_tracker
-        from .memory import NativeTracking, higher_order_operators_pass_over
+        from .memory import NativeTracking, charge_compiled_graph_outputs, higher_order_operators_pass_over
 
         loaded = native_tracker.load()
         if loaded is not None:
@@ -411,6 +411,7 @@ def _tracking(memory, setting: str):
             memory.use_native(ffi, lib)
             higher_order_operators_pass_over(torch._C.DispatchKey(lib.fakegpu_tracker_dispatch_key()))
             rt.on_current_device_change(lib.fakegpu_tracker_set_current)
+            charge_compiled_graph_outputs(memory)
             return NativeTracking(lib)
         if os.environ.get("FAKEGPU_DEBUG"):
             print(f"fakegpu: the C++ storage tracker is not available ({native_tracker.failure()}); "

@@ -358,3 +358,39 @@ def _first_device(values, blocks) -> Optional[int]:
                 if entry is not None:
                     return entry[0]
     return None
+
+
+def charge_compiled_graph_outputs(memory: DeviceMemory) -> None:
+    """Outputs of inductor-compiled graphs, charged to the device of their first tracked input.
+
+    With the C++ tracker torch.compile compiles (dynamo refuses only Python dispatch modes),
+    and inductor's generated CPU code allocates its buffers itself, below the dispatcher, where
+    no tracker sees them.  The graph's outputs are charged when it returns; the buffers it
+    frees inside are not (a compiled step's peak is under-counted by them)."""
+    from fakegpu.import_hooks import after_import
+
+    def patch(module) -> None:
+        graph = getattr(module, "CompiledFxGraph", None)
+        original = getattr(graph, "__call__", None)
+        if original is None or getattr(original, "__fakegpu__", False):
+            return
+
+        def __call__(self, inputs):
+            device = None
+            for value in inputs:   # before the call: the compiled code clears the list
+                if isinstance(value, torch.Tensor):
+                    storages: list = []
+                    _storages(value, storages)
+                    device = next((d for d in map(memory.device_of_storage, storages) if d is not None), None)
+                    if device is not None:
+                        break
+            outputs = original(self, inputs)
+            if device is not None:
+                memory.charge_tensor([t for t in torch.utils._pytree.tree_leaves(outputs)
+                                      if isinstance(t, torch.Tensor)], device)
+            return outputs
+
+        __call__.__fakegpu__ = True
+        graph.__call__ = __call__
+
+    after_import("torch._inductor.output_code", patch)

@@ -18,15 +18,13 @@ are added when something else imports dynamo: a post-import hook on
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import sys
 import threading
+
+from fakegpu.import_hooks import after_import
 
 _TRACE_RULES = "torch._dynamo.trace_rules"
 _pending: list[str] = []
 _lock = threading.Lock()
-_hooked = False
 
 
 # Traced inside user code (see above): not skipped.
@@ -66,47 +64,14 @@ def skip_in_dynamo(*modules: str) -> None:
     now or when dynamo is first imported."""
     with _lock:
         _pending.extend(m for m in modules if m not in _pending)
-        rules = sys.modules.get(_TRACE_RULES)
-        if rules is not None and getattr(rules, "SKIP_DIRS", None) is not None:
-            _apply(rules)
-        else:
-            _install_hook()
+    after_import(_TRACE_RULES, _apply, ready=lambda rules: getattr(rules, "SKIP_DIRS", None) is not None)
 
 
 def _apply(rules) -> None:
-    while _pending:
-        name = _pending.pop(0)
-        try:
-            rules.add(name)
-        except Exception:  # noqa: BLE001 - a torch without this API: compile was never supported there
-            pass
-
-
-def _install_hook() -> None:
-    global _hooked
-    if _hooked:
-        return
-    sys.meta_path.insert(0, _AfterImport())
-    _hooked = True
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; for torch._dynamo.trace_rules it wraps the real loader so the
-    pending modules are added right after that module has run."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _TRACE_RULES:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            with _lock:
-                _apply(module)
-
-        loader.exec_module = exec_module
-        return spec
+    with _lock:
+        while _pending:
+            name = _pending.pop(0)
+            try:
+                rules.add(name)
+            except Exception:  # noqa: BLE001 - a torch without this API: compile was never supported there
+                pass

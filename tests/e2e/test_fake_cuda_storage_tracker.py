@@ -49,3 +49,12 @@ def test_without_a_compiler_the_python_mode_takes_over(tmp_path, python_mode):
     assert figures.pop("native") is False
     assert "the C++ storage tracker is not available (the C++ compiler failed" in done.stderr
     assert figures == python_mode
+
+
+def test_outputs_of_inductor_graphs_are_charged():
+    got = run_probe("probe_inductor_outputs.py", 1)
+    assert got["native"] is True
+    assert got["graphs"] >= 1                          # dynamo compiled under the tracker
+    assert got["compiled_output"] == 64 * 256 * 4      # the graph's one output
+    assert got["op_on_compiled_output"] == 2 * 64 * 256 * 4
+    assert got["equal_to_eager"]

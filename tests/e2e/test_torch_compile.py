@@ -62,11 +62,12 @@ def test_compiled_ddp_on_the_fakegpu_backend_equals_gloo(tmp_path, shim_library)
     _same(got, _port(tmp_path, shim_library))
 
 
-@pytest.mark.parametrize("memory", ["1", "0"], ids=["memory-tracking", "memory-off"])
+@pytest.mark.parametrize("memory", ["1", "python", "0"], ids=["cpp-tracker", "python-mode", "memory-off"])
 def test_compiled_gpu_script_on_fake_devices_equals_its_port(tmp_path, shim_library, memory):
-    """Fake CUDA devices.  With the memory-tracking mode on, torch's dynamo skips the frames
+    """Fake CUDA devices.  Under the Python tracking mode torch's dynamo skips the frames
     entered under that user dispatch mode and the model runs eagerly (the port compiles it:
-    aot_eager keeps eager's arithmetic here, so the bits agree); with it off, dynamo compiles."""
+    aot_eager keeps eager's arithmetic here, so the bits agree); with the C++ tracker (a
+    dispatch key, not a mode) and with the accounting off, dynamo compiles."""
     out = tmp_path / "fake"
     out.mkdir()
     run_fgpu_torchrun(tmp_path, fgpu_env(shim_library, FAKEGPU_FAKE_CUDA_MEMORY=memory),
@@ -75,7 +76,7 @@ def test_compiled_gpu_script_on_fake_devices_equals_its_port(tmp_path, shim_libr
                        COMPILE])
     got = _load(out, 2)
     port = _port(tmp_path, shim_library)
-    if memory == "0":
+    if memory != "python":
         # dynamo compiled at least the frames it compiles in the port (and the fake-CUDA
         # pieces it traces with them, the device-rewrite mode and tensor methods)
         assert all(g["frames_compiled"] >= p["frames_compiled"] > 0 for g, p in zip(got, port))
