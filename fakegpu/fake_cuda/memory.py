@@ -11,6 +11,7 @@ tensors autograd saved for backward).
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from contextlib import contextmanager
@@ -55,9 +56,24 @@ class DeviceMemory:
             ffi.memmove(buffer, text, len(text))
             return len(text)
 
-        self._out_of_memory_message = out_of_memory_message   # kept alive: C++ calls it
+        @ffi.callback("int(uintptr_t, uintptr_t*, int)", error=-1)
+        def subclass_storages(address, out, capacity):
+            # A wrapper subclass (DTensor...) that an op takes or returns, by its PyObject's
+            # address (alive: the op's stack holds it): the storages of its inner tensors.
+            storages: list = []
+            try:
+                _storages(ctypes.cast(address, ctypes.py_object).value, storages)
+            except Exception:  # noqa: BLE001 - a tensor without storages (traced, sparse): none
+                return 0
+            for index, storage in enumerate(storages[:capacity]):
+                out[index] = storage._cdata
+            return min(len(storages), capacity)
+
+        # kept alive: C++ calls them
+        self._callbacks = (out_of_memory_message, subclass_storages)
         malloc, free = model_entry_points()
-        lib.fakegpu_tracker_configure(malloc, free, int(ffi.cast("uintptr_t", out_of_memory_message)))
+        lib.fakegpu_tracker_configure(malloc, free, int(ffi.cast("uintptr_t", out_of_memory_message)),
+                                      int(ffi.cast("uintptr_t", subclass_storages)))
         for model in self.models:
             lib.fakegpu_tracker_add_device(ffi.cast("void*", model.address))
         self.native, self._ffi = lib, ffi

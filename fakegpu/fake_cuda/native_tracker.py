@@ -26,7 +26,8 @@ BUILD_TIMEOUT_S = 300
 
 _CDEF = """
 int fakegpu_tracker_dispatch_key(void);
-void fakegpu_tracker_configure(uintptr_t model_malloc, uintptr_t model_free, uintptr_t oom_message);
+void fakegpu_tracker_configure(uintptr_t model_malloc, uintptr_t model_free, uintptr_t oom_message,
+                               uintptr_t subclass_storages);
 int fakegpu_tracker_add_device(void* model);
 void fakegpu_tracker_enable_thread(int enabled);
 int fakegpu_tracker_thread_enabled(void);

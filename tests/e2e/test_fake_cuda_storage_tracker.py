@@ -40,6 +40,11 @@ def test_figures_are_the_allocators(python_mode):
     assert python_mode["thread"][1][0] == allocated_after_step + (1 << 18)
     assert python_mode["thread_freed"][1][0] == allocated_after_step
     assert python_mode["oom"] == "CUDA out of memory|fraction"
+    # a wrapper subclass's results are charged by their inner tensors (two 4 KiB tensors each)
+    made = python_mode["subclass_made"][1][0]
+    assert made == python_mode["checkpoint"][1][0] + 2 * 4096
+    assert python_mode["subclass_ops"][1][0] == made + 2 * 4096
+    assert python_mode["subclass_freed"][1][0] == made
 
 
 def test_without_a_compiler_the_python_mode_takes_over(tmp_path, python_mode):

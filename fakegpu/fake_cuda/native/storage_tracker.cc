@@ -24,6 +24,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/PyObjectSlot.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -42,6 +44,10 @@ using ModelMalloc = uint64_t (*)(void* model, uint64_t nbytes);
 using ModelFree = void (*)(void* model, uint64_t handle);
 // Formats the out-of-memory message for (device, nbytes) into buffer; returns its length.
 using OomMessage = int (*)(int device, uint64_t nbytes, char* buffer, int capacity);
+// Writes the StorageImpl addresses of a wrapper subclass's inner tensors (the PyObject at
+// `object`) into `out`; returns how many (-1 on a Python error).
+using SubclassStorages = int (*)(uintptr_t object, uintptr_t* out, int capacity);
+constexpr int kMaxInnerStorages = 16;
 
 struct Charged {
   c10::StorageImpl* storage;
@@ -58,6 +64,7 @@ struct Tracker {
   ModelMalloc model_malloc = nullptr;
   ModelFree model_free = nullptr;
   OomMessage oom_message = nullptr;
+  SubclassStorages subclass_storages = nullptr;
   bool stopped = false;  // the models are gone (interpreter exit): frees only free memory
 };
 
@@ -98,9 +105,12 @@ int device_of_locked(Tracker& t, const c10::StorageImpl* storage) {
   return t.by_context.find(it->second)->second.device;
 }
 
+// A CPU storage with memory of its own.  Tracing (dynamo's fake tensors) makes storages of a
+// symbolic size, whose nbytes() throws: never ours.
 bool trackable(const c10::StorageImpl* storage) {
   return storage != nullptr && storage->device_type() == c10::DeviceType::CPU &&
-         storage->nbytes() > 0 && storage->data_ptr().get_context() != nullptr;
+         storage->data_ptr().get_context() != nullptr && !storage->sym_nbytes().is_heap_allocated() &&
+         storage->nbytes() > 0;
 }
 
 enum class ChargeResult { kCharged, kAlready, kUntrackable, kOutOfMemory };
@@ -146,36 +156,61 @@ c10::StorageImpl* storage_of(const at::Tensor& tensor) {
   return tensor.storage().unsafeGetStorageImpl();
 }
 
-// The device of the first input whose storage is tracked, -1 if none.
-int first_device(Tracker& t, const torch::jit::Stack& stack, size_t begin, size_t end) {
-  std::lock_guard<std::mutex> lock(t.mutex);
-  if (t.by_storage.empty()) return -1;
-  for (size_t i = begin; i < end; ++i) {
-    const c10::IValue& value = stack[i];
-    if (value.isTensor()) {
-      const c10::StorageImpl* storage = storage_of(value.toTensor());
-      if (storage != nullptr) {
-        int device = device_of_locked(t, storage);
-        if (device >= 0) return device;
-      }
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) {
-        const c10::StorageImpl* storage = storage_of(tensor);
-        if (storage == nullptr) continue;
-        int device = device_of_locked(t, storage);
-        if (device >= 0) return device;
-      }
-    } else if (value.isList()) {  // Tensor?[]
-      for (const c10::IValue& item : value.toListRef()) {
-        if (!item.isTensor()) continue;
-        const c10::StorageImpl* storage = storage_of(item.toTensor());
-        if (storage == nullptr) continue;
-        int device = device_of_locked(t, storage);
-        if (device >= 0) return device;
-      }
+// The storages that hold a tensor's memory: its own, or for a wrapper subclass (DTensor and
+// other tensors with __torch_dispatch__, whose own storage holds nothing) those of its inner
+// tensors, which the Python side lists (__tensor_flatten__).  A subclass's dispatch runs its
+// inner ops with every key above Python excluded, this one too, so the tracker never sees
+// them: the outer op's inputs and outputs are where its memory shows (as in the Python mode).
+template <typename Visit>
+void visit_storages(Tracker& t, const at::Tensor& tensor, Visit&& visit) {
+  c10::StorageImpl* own = storage_of(tensor);
+  if (own != nullptr && trackable(own)) {
+    visit(own);
+    return;
+  }
+  if (!tensor.defined() || t.subclass_storages == nullptr ||
+      !tensor.key_set().has(c10::DispatchKey::Python)) {
+    return;
+  }
+  PyObject* object = tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (object == nullptr) return;
+  uintptr_t inner[kMaxInnerStorages];
+  const int count = t.subclass_storages(reinterpret_cast<uintptr_t>(object), inner, kMaxInnerStorages);
+  for (int i = 0; i < count; ++i) visit(reinterpret_cast<c10::StorageImpl*>(inner[i]));
+}
+
+// Each storage of an argument or a result: a tensor, a Tensor[] or a Tensor?[].
+template <typename Visit>
+void visit_value_storages(Tracker& t, const c10::IValue& value, Visit&& visit) {
+  if (value.isTensor()) {
+    visit_storages(t, value.toTensor(), visit);
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& tensor : value.toTensorList()) visit_storages(t, tensor, visit);
+  } else if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) {
+      if (item.isTensor()) visit_storages(t, item.toTensor(), visit);
     }
   }
-  return -1;
+}
+
+int device_of(Tracker& t, const c10::StorageImpl* storage) {
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return device_of_locked(t, storage);
+}
+
+// The device of the first input whose storage is tracked, -1 if none.
+int first_device(Tracker& t, const torch::jit::Stack& stack, size_t begin, size_t end) {
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.by_storage.empty()) return -1;
+  }
+  int device = -1;
+  for (size_t i = begin; i < end && device < 0; ++i) {
+    visit_value_storages(t, stack[i], [&](const c10::StorageImpl* storage) {
+      if (device < 0) device = device_of(t, storage);
+    });
+  }
+  return device;
 }
 
 bool returns_only_aliases(const c10::FunctionSchema& schema) {
@@ -189,16 +224,7 @@ bool returns_only_aliases(const c10::FunctionSchema& schema) {
 
 void charge_outputs(Tracker& t, torch::jit::Stack& stack, size_t begin, int device) {
   for (size_t i = begin; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    if (value.isTensor()) {
-      c10::StorageImpl* storage = storage_of(value.toTensor());
-      if (storage != nullptr) charge_or_raise(t, storage, device);
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) {
-        c10::StorageImpl* storage = storage_of(tensor);
-        if (storage != nullptr) charge_or_raise(t, storage, device);
-      }
-    }
+    visit_value_storages(t, stack[i], [&](c10::StorageImpl* storage) { charge_or_raise(t, storage, device); });
   }
 }
 
@@ -220,9 +246,9 @@ void tracking_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   Tracker& t = tracker();
   const bool aliases = returns_only_aliases(schema);
   if (device < 0 && !aliases) device = first_device(t, *stack, begin, begin + arguments);
-  // The ops this op calls inside (a composite op's pieces, a kernel's own allocations, the
-  // inner tensors' ops of a DTensor) pass through here too: their temporaries are charged
-  // as the Python mode, which sits below autograd, charges them.
+  // The ops this op calls inside (a composite op's pieces, a kernel's own allocations) pass
+  // through here too: their temporaries are charged as the Python mode, which sits below
+  // autograd, charges them.  A subclass's inner ops do not (see visit_storages).
   op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTrackingKey),
                      stack);
   if (device < 0 || aliases) return;
@@ -242,12 +268,14 @@ extern "C" {
 // higher-order operators, which must pass over it.
 int fakegpu_tracker_dispatch_key() { return static_cast<int>(kTrackingKey); }
 
-void fakegpu_tracker_configure(uintptr_t model_malloc, uintptr_t model_free, uintptr_t oom_message) {
+void fakegpu_tracker_configure(uintptr_t model_malloc, uintptr_t model_free, uintptr_t oom_message,
+                               uintptr_t subclass_storages) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.model_malloc = reinterpret_cast<ModelMalloc>(model_malloc);
   t.model_free = reinterpret_cast<ModelFree>(model_free);
   t.oom_message = reinterpret_cast<OomMessage>(oom_message);
+  t.subclass_storages = reinterpret_cast<SubclassStorages>(subclass_storages);
 }
 
 int fakegpu_tracker_add_device(void* model) {

@@ -82,6 +82,19 @@ out["checkpoint_grad_sum"] = float(w.grad.sum())
 del w
 figures("checkpoint")
 
+# -- a wrapper subclass (as DTensor is): its dispatch hides its inner ops from both trackers,
+# so its memory shows in its inner tensors, as the op's inputs and outputs
+from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
+
+pair = TwoTensor(torch.randn(1024, device=dev), torch.randn(1024, device=dev))
+figures("subclass_made")
+pair_out = torch.zeros_like(pair) + pair * 2
+figures("subclass_ops")
+out["subclass_sum"] = float(pair_out.a.sum() + pair_out.b.sum())
+del pair_out
+figures("subclass_freed")
+del pair
+
 # -- out of memory: the allocator's message, raised from the op
 torch.cuda.set_per_process_memory_fraction(0.001, 1)
 try:
