@@ -30,6 +30,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -64,7 +65,7 @@ struct Tracker {
   ModelMalloc model_malloc = nullptr;
   ModelFree model_free = nullptr;
   OomMessage oom_message = nullptr;
-  SubclassStorages subclass_storages = nullptr;
+  std::atomic<SubclassStorages> subclass_storages{nullptr};  // read outside the mutex
   bool stopped = false;  // the models are gone (interpreter exit): frees only free memory
 };
 
@@ -168,14 +169,13 @@ void visit_storages(Tracker& t, const at::Tensor& tensor, Visit&& visit) {
     visit(own);
     return;
   }
-  if (!tensor.defined() || t.subclass_storages == nullptr ||
-      !tensor.key_set().has(c10::DispatchKey::Python)) {
-    return;
-  }
+  if (!tensor.defined() || !tensor.key_set().has(c10::DispatchKey::Python)) return;
+  SubclassStorages inner_storages = t.subclass_storages.load();
+  if (inner_storages == nullptr) return;
   PyObject* object = tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
   if (object == nullptr) return;
   uintptr_t inner[kMaxInnerStorages];
-  const int count = t.subclass_storages(reinterpret_cast<uintptr_t>(object), inner, kMaxInnerStorages);
+  const int count = inner_storages(reinterpret_cast<uintptr_t>(object), inner, kMaxInnerStorages);
   for (int i = 0; i < count; ++i) visit(reinterpret_cast<c10::StorageImpl*>(inner[i]));
 }
 
@@ -275,7 +275,7 @@ void fakegpu_tracker_configure(uintptr_t model_malloc, uintptr_t model_free, uin
   t.model_malloc = reinterpret_cast<ModelMalloc>(model_malloc);
   t.model_free = reinterpret_cast<ModelFree>(model_free);
   t.oom_message = reinterpret_cast<OomMessage>(oom_message);
-  t.subclass_storages = reinterpret_cast<SubclassStorages>(subclass_storages);
+  t.subclass_storages.store(reinterpret_cast<SubclassStorages>(subclass_storages));
 }
 
 int fakegpu_tracker_add_device(void* model) {
@@ -333,11 +333,13 @@ uint64_t fakegpu_tracker_count() {
   return t.by_storage.size();
 }
 
-// The models are about to go away (interpreter exit): later frees only free host memory.
+// The models are about to go away (interpreter exit): later frees only free host memory,
+// and no op calls back into an interpreter that is shutting down.
 void fakegpu_tracker_stop() {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.stopped = true;
+  t.subclass_storages.store(nullptr);
 }
 
 }  // extern "C"
