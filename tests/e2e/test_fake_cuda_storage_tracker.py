@@ -23,6 +23,8 @@ def python_mode():
 def test_native_tracker_matches_the_python_mode(python_mode):
     native = run_probe(PROBE, 2)
     assert native.pop("native") is True, "the C++ tracker did not load (a compiler is needed)"
+    # a foreach op over 8 subclasses: its device from the first argument, then its 8 results
+    assert native.pop("foreach_subclass_walks") == 1 + 8
     assert native == python_mode
 
 
@@ -45,6 +47,8 @@ def test_figures_are_the_allocators(python_mode):
     assert made == python_mode["checkpoint"][1][0] + 2 * 4096
     assert python_mode["subclass_ops"][1][0] == made + 2 * 4096
     assert python_mode["subclass_freed"][1][0] == made
+    foreach_made = python_mode["foreach_made"][1][0]
+    assert python_mode["foreach_ops"][1][0] == foreach_made + 8 * 2 * 1024   # 8 pairs of 1 KiB
 
 
 def test_without_a_compiler_the_python_mode_takes_over(tmp_path, python_mode):

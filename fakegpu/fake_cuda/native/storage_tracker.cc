@@ -162,35 +162,40 @@ c10::StorageImpl* storage_of(const at::Tensor& tensor) {
 // tensors, which the Python side lists (__tensor_flatten__).  A subclass's dispatch runs its
 // inner ops with every key above Python excluded, this one too, so the tracker never sees
 // them: the outer op's inputs and outputs are where its memory shows (as in the Python mode).
+// The visitor returns true to go on and false to stop: finding a device needs only the first
+// tracked storage, and a foreach op's Tensor[] of DTensors would otherwise cost one Python
+// callback per element after the answer is known.  Both walks return false once stopped.
 template <typename Visit>
-void visit_storages(Tracker& t, const at::Tensor& tensor, Visit&& visit) {
+bool visit_storages(Tracker& t, const at::Tensor& tensor, Visit&& visit) {
   c10::StorageImpl* own = storage_of(tensor);
-  if (own != nullptr && trackable(own)) {
-    visit(own);
-    return;
-  }
-  if (!tensor.defined() || !tensor.key_set().has(c10::DispatchKey::Python)) return;
+  if (own != nullptr && trackable(own)) return visit(own);
+  if (!tensor.defined() || !tensor.key_set().has(c10::DispatchKey::Python)) return true;
   SubclassStorages inner_storages = t.subclass_storages.load();
-  if (inner_storages == nullptr) return;
+  if (inner_storages == nullptr) return true;
   PyObject* object = tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-  if (object == nullptr) return;
+  if (object == nullptr) return true;
   uintptr_t inner[kMaxInnerStorages];
   const int count = inner_storages(reinterpret_cast<uintptr_t>(object), inner, kMaxInnerStorages);
-  for (int i = 0; i < count; ++i) visit(reinterpret_cast<c10::StorageImpl*>(inner[i]));
+  for (int i = 0; i < count; ++i) {
+    if (!visit(reinterpret_cast<c10::StorageImpl*>(inner[i]))) return false;
+  }
+  return true;
 }
 
 // Each storage of an argument or a result: a tensor, a Tensor[] or a Tensor?[].
 template <typename Visit>
-void visit_value_storages(Tracker& t, const c10::IValue& value, Visit&& visit) {
-  if (value.isTensor()) {
-    visit_storages(t, value.toTensor(), visit);
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& tensor : value.toTensorList()) visit_storages(t, tensor, visit);
+bool visit_value_storages(Tracker& t, const c10::IValue& value, Visit&& visit) {
+  if (value.isTensor()) return visit_storages(t, value.toTensor(), visit);
+  if (value.isTensorList()) {
+    for (const at::Tensor& tensor : value.toTensorList()) {
+      if (!visit_storages(t, tensor, visit)) return false;
+    }
   } else if (value.isList()) {
     for (const c10::IValue& item : value.toListRef()) {
-      if (item.isTensor()) visit_storages(t, item.toTensor(), visit);
+      if (item.isTensor() && !visit_storages(t, item.toTensor(), visit)) return false;
     }
   }
+  return true;
 }
 
 int device_of(Tracker& t, const c10::StorageImpl* storage) {
@@ -207,7 +212,8 @@ int first_device(Tracker& t, const torch::jit::Stack& stack, size_t begin, size_
   int device = -1;
   for (size_t i = begin; i < end && device < 0; ++i) {
     visit_value_storages(t, stack[i], [&](const c10::StorageImpl* storage) {
-      if (device < 0) device = device_of(t, storage);
+      device = device_of(t, storage);
+      return device < 0;
     });
   }
   return device;
@@ -224,7 +230,10 @@ bool returns_only_aliases(const c10::FunctionSchema& schema) {
 
 void charge_outputs(Tracker& t, torch::jit::Stack& stack, size_t begin, int device) {
   for (size_t i = begin; i < stack.size(); ++i) {
-    visit_value_storages(t, stack[i], [&](c10::StorageImpl* storage) { charge_or_raise(t, storage, device); });
+    visit_value_storages(t, stack[i], [&](c10::StorageImpl* storage) {
+      charge_or_raise(t, storage, device);
+      return true;
+    });
   }
 }
 

@@ -95,6 +95,29 @@ del pair_out
 figures("subclass_freed")
 del pair
 
+# -- a foreach op over a list of subclasses: every result is charged, and the device is taken
+# from the first argument alone (each subclass the tracker asks about is one Python callback)
+from fakegpu.fake_cuda import memory as fake_memory  # noqa: E402
+
+pairs = [TwoTensor(torch.randn(256, device=dev), torch.randn(256, device=dev)) for _ in range(8)]
+figures("foreach_made")
+walks = [0]
+walk_storages = fake_memory._storages
+
+
+def counting_walk(value, found):
+    walks[0] += type(value) is TwoTensor
+    walk_storages(value, found)
+
+
+fake_memory._storages = counting_walk
+pairs_out = torch._foreach_add(pairs, 1.0)
+fake_memory._storages = walk_storages
+if out["native"]:  # the Python mode walks every argument itself
+    out["foreach_subclass_walks"] = walks[0]
+figures("foreach_ops")
+del pairs, pairs_out
+
 # -- out of memory: the allocator's message, raised from the op
 torch.cuda.set_per_process_memory_fraction(0.001, 1)
 try:
