@@ -133,11 +133,13 @@ def test_wrong_token_is_refused(c_api_test, start_coordinator):
     assert elapsed < 10
 
 
-def test_connect_timeout_must_be_a_positive_integer(c_api_test, tmp_path):
+@pytest.mark.parametrize("variable", ["FAKEGPU_CONNECT_TIMEOUT_MS", "FAKEGPU_HELLO_ANSWER_TIMEOUT_MS"])
+@pytest.mark.parametrize("value", ["soon", "0"])
+def test_connect_timeouts_must_be_positive_integers(c_api_test, tmp_path, variable, value):
     proc, _ = _init_failure(c_api_test, {"FAKEGPU_COORDINATOR_ADDR": str(tmp_path / "x.sock"),
-                                         "FAKEGPU_CONNECT_TIMEOUT_MS": "soon"})
+                                         variable: value})
     assert proc.returncode != 0
-    assert "FAKEGPU_CONNECT_TIMEOUT_MS='soon' is not a positive integer" in proc.stderr
+    assert f"{variable}='{value}' is not a positive integer" in proc.stderr
 
 
 @pytest.mark.parametrize("mode", ["bogus"])  # proxy/passthrough: tests/integration/test_proxy_passthrough.py
@@ -190,6 +192,7 @@ def test_unresponsive_coordinator_is_an_error_not_a_hang(c_api_test, tmp_path, h
         proc, elapsed = _init_failure(c_api_test, {
             "FAKEGPU_COORDINATOR_ADDR": str(path),
             "FAKEGPU_CONNECT_TIMEOUT_MS": "1500",
+            "FAKEGPU_HELLO_ANSWER_TIMEOUT_MS": "1200",
         })
     finally:
         server.close()
@@ -199,7 +202,7 @@ def test_unresponsive_coordinator_is_an_error_not_a_hang(c_api_test, tmp_path, h
         assert "closed the connection before answering HELLO" in proc.stderr, proc.stderr
         assert server.accepted >= 2  # tried again while the connect timeout lasted
     else:
-        assert ("accepted the connection but did not answer HELLO within 1500 ms (FAKEGPU_CONNECT_TIMEOUT_MS)"
+        assert ("accepted the connection but did not answer HELLO within 1200 ms (FAKEGPU_HELLO_ANSWER_TIMEOUT_MS)"
                 in proc.stderr), proc.stderr
     assert elapsed < 10
 

@@ -38,8 +38,13 @@ int wait_margin_ms() {
 }
 // Used until HELLO_OK tells us the coordinator's timeout.
 constexpr int kDefaultTimeoutMs = 300000;
-// FAKEGPU_CONNECT_TIMEOUT_MS: connecting, and then the answer to HELLO, each within this.
+// FAKEGPU_CONNECT_TIMEOUT_MS: connecting (retried while the socket is refused or missing).
+// Short, so that a rank started without its coordinator says so at once.
 constexpr long long kConnectTimeoutMs = 2000;
+// FAKEGPU_HELLO_ANSWER_TIMEOUT_MS: once connected, the answer to HELLO.  Longer: a coordinator
+// that is there but shares a small machine with ranks importing torch can be descheduled for
+// seconds (observed: 2 s was missed with 10 ranks starting on 2 cores).
+constexpr long long kHelloAnswerTimeoutMs = 30000;
 // Pause between tries when the coordinator closed the connection before answering HELLO.
 constexpr int kRetryPauseMs = 50;
 
@@ -144,18 +149,23 @@ ncclResult_t Client::connect_new(Client** out) {
   uint32_t timeout_ms = env_timeout > 0 ? static_cast<uint32_t>(env_timeout) : kDefaultTimeoutMs;
 
   // Getting in is bounded: connecting (retried while refused or missing) within the connect
-  // timeout, and then the answer to HELLO within the connect timeout again. A coordinator that
-  // closes the connection before answering (at its limit of connections without HELLO, or out
-  // of descriptors) is tried again while the first timeout lasts.
+  // timeout, and then the answer to HELLO within the answer timeout. A coordinator that closes
+  // the connection before answering (at its limit of connections without HELLO, or out of
+  // descriptors) is tried again while the connect timeout lasts.
   long long t = env::integer("FAKEGPU_CONNECT_TIMEOUT_MS", kConnectTimeoutMs, &bad);
   if (bad || t <= 0)
     return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_CONNECT_TIMEOUT_MS='%s' is not a positive integer",
                  getenv("FAKEGPU_CONNECT_TIMEOUT_MS"));
   int connect_timeout_ms = t > INT32_MAX / 2 ? INT32_MAX / 2 : static_cast<int>(t);
+  long long answer = env::integer("FAKEGPU_HELLO_ANSWER_TIMEOUT_MS", kHelloAnswerTimeoutMs, &bad);
+  if (bad || answer <= 0)
+    return failf(ncclInvalidUsage, "fakegpu: FAKEGPU_HELLO_ANSWER_TIMEOUT_MS='%s' is not a positive integer",
+                 getenv("FAKEGPU_HELLO_ANSWER_TIMEOUT_MS"));
+  int answer_timeout_ms = answer > INT32_MAX / 2 ? INT32_MAX / 2 : static_cast<int>(answer);
   const long long deadline = monotonic_ms() + connect_timeout_ms;
   for (;;) {
     bool retry = false;
-    ncclResult_t rc = connect_once(transport, addr, staging, want_shm, timeout_ms, connect_timeout_ms, deadline,
+    ncclResult_t rc = connect_once(transport, addr, staging, want_shm, timeout_ms, answer_timeout_ms, deadline,
                                    &retry, out);
     if (rc == ncclSuccess || !retry || monotonic_ms() + kRetryPauseMs >= deadline) return rc;
     usleep(kRetryPauseMs * 1000);
@@ -163,7 +173,7 @@ ncclResult_t Client::connect_new(Client** out) {
 }
 
 ncclResult_t Client::connect_once(const std::string& transport, const std::string& addr, uint64_t staging,
-                                  bool want_shm, uint32_t timeout_ms, int connect_timeout_ms, long long deadline_ms,
+                                  bool want_shm, uint32_t timeout_ms, int answer_timeout_ms, long long deadline_ms,
                                   bool* retry, Client** out) {
   Client* c = new Client();
   c->address_ = transport + ":" + addr;
@@ -182,7 +192,7 @@ ncclResult_t Client::connect_once(const std::string& transport, const std::strin
                  "FAKEGPU_COORDINATOR_TRANSPORT=%s): %s; is the coordinator running?",
                  (transport + ":" + addr).c_str(), addr.c_str(), transport.c_str(), err.c_str());
   }
-  transport::tune_socket(c->fd_, connect_timeout_ms);  // the HELLO answer is bounded by it too
+  transport::tune_socket(c->fd_, answer_timeout_ms);  // the HELLO answer is bounded by it too
 
   if (want_shm) {
     // One segment for the process's whole life, created empty: the coordinator allocates it
@@ -194,7 +204,7 @@ ncclResult_t Client::connect_once(const std::string& transport, const std::strin
     if (c->shm_fd_ < 0) c->shm_name_.clear();  // fall back to socket staging
   }
 
-  ncclResult_t rc = c->hello(connect_timeout_ms, retry);
+  ncclResult_t rc = c->hello(answer_timeout_ms, retry);
   if (!c->shm_name_.empty()) shm_unlink(c->shm_name_.c_str());  // nothing outlives the processes
   if (c->shm_fd_ >= 0) close(c->shm_fd_);
   c->shm_fd_ = -1;
@@ -236,7 +246,7 @@ ncclResult_t Client::hello(int answer_timeout_ms, bool* retry) {
   if (timed_out)
     return failf(ncclSystemError,
                  "fakegpu: the coordinator at %s accepted the connection but did not answer HELLO within %d ms "
-                 "(FAKEGPU_CONNECT_TIMEOUT_MS): it is overloaded, stuck or out of file descriptors; see its log",
+                 "(FAKEGPU_HELLO_ANSWER_TIMEOUT_MS): it is overloaded, stuck or out of file descriptors; see its log",
                  address_.c_str(), answer_timeout_ms);
   if (rc != ncclSuccess) {
     *retry = true;

@@ -99,7 +99,7 @@ class Client {
   // One try at connecting and HELLO; *retry when the coordinator closed the connection
   // before answering HELLO (it may be shedding connections: trying again can succeed).
   static ncclResult_t connect_once(const std::string& transport, const std::string& addr, uint64_t staging,
-                                   bool want_shm, uint32_t timeout_ms, int connect_timeout_ms, long long deadline_ms,
+                                   bool want_shm, uint32_t timeout_ms, int answer_timeout_ms, long long deadline_ms,
                                    bool* retry, Client** out);
   ncclResult_t hello(int answer_timeout_ms, bool* retry);
   // Maps the staging segment the coordinator granted (after making sure it is allocated).
