@@ -1,9 +1,11 @@
-"""PyTorch's own generic distributed tests (``DistributedTest._DistTestBase`` from
-torch/testing/_internal/distributed/distributed_test.py, shipped in the torch wheel) with
-every process group built by gloo or by fakegpu.
+"""PyTorch's own distributed test suites, shipped in the torch wheel, with every process
+group built by gloo or by fakegpu: the generic tests (``DistributedTest._DistTestBase`` from
+torch/testing/_internal/distributed/distributed_test.py, ``--suite distributed``) and DDP
+under RPC and distributed autograd (ddp_under_dist_autograd_test.py over the TensorPipe
+agent, ``--suite ddp_rpc``).
 
-    python verification/torch_suites/distributed_suite.py --backend fakegpu --world-size 2 \\
-        [-k PATTERN ...] [--json OUT]
+    python verification/torch_suites/distributed_suite.py --backend fakegpu [--suite S] \\
+        [--world-size 2] [-k PATTERN ...] [--tests FILE] [--json OUT] [--list]
 
 The suite always runs with ``BACKEND=gloo``, so it selects and skips exactly the tests it
 selects for gloo; with ``--backend fakegpu`` every rank then builds its groups with the
@@ -53,16 +55,38 @@ def _substitute_fakegpu_for_gloo() -> None:
 if SUBSTITUTE:
     _substitute_fakegpu_for_gloo()
 
+from torch.testing._internal.distributed.ddp_under_dist_autograd_test import (  # noqa: E402
+    DdpComparisonTest,
+    DdpUnderDistAutogradTest,
+)
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
     TestDistBackend,
 )
+from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture import (  # noqa: E402
+    TensorPipeRpcAgentTestFixture,
+)
+from torch.testing._internal.distributed.rpc_utils import generate_tests  # noqa: E402
 
 
 class TestDistributedSuite(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
         self._spawn_processes()
+
+
+# DDP under RPC and distributed autograd, over the TensorPipe agent as torch's own
+# test_tensorpipe_agent.py instantiates it; each test class fixes its own world size (4
+# trainers, plus a remote worker and a master for DdpUnderDistAutogradTest).  The spawned
+# ranks unpickle these classes from this module, so they are defined whichever suite runs.
+globals().update(generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture,
+                                [DdpUnderDistAutogradTest, DdpComparisonTest], __name__))
+
+SUITES = {
+    "distributed": (TestDistributedSuite,),
+    "ddp_rpc": (globals()["TensorPipeDdpUnderDistAutogradTest"],
+                globals()["TensorPipeDdpComparisonTest"]),
+}
 
 
 class _Recorder(unittest.TextTestResult):
@@ -110,19 +134,38 @@ class _Recorder(unittest.TextTestResult):
         self._set(test, "failed")
 
 
-def test_names(patterns) -> list[str]:
-    names = unittest.TestLoader().getTestCaseNames(TestDistributedSuite)
+def test_names(suite: str, patterns, exact=None) -> list[tuple[type, str]]:
+    """(test class, method name) of each selected test of the suite."""
+    tests = [(cls, name) for cls in SUITES[suite]
+             for name in unittest.TestLoader().getTestCaseNames(cls)]
+    if exact is not None:
+        unknown = sorted(set(exact) - {name for _, name in tests})
+        if unknown:
+            raise SystemExit(f"--tests: not a test of the {suite} suite: {', '.join(unknown)}")
+        tests = [(cls, name) for cls, name in tests if name in exact]
     if patterns:
-        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or p in n for p in patterns)]
-    return list(names)
+        tests = [(cls, n) for cls, n in tests
+                 if any(fnmatch.fnmatchcase(n, p) or p in n for p in patterns)]
+    return tests
+
+
+def read_test_list(path: str) -> set[str]:
+    """Test names, one per line ('#' starts a comment)."""
+    with open(path) as fh:
+        return {line.split("#", 1)[0].strip() for line in fh} - {""}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("gloo", "fakegpu"), required=True)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="distributed",
+                        help="distributed: DistributedTest._DistTestBase (--world-size applies); "
+                             "ddp_rpc: DDP under RPC / dist_autograd (its own world sizes)")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("-k", dest="patterns", action="append", default=[],
                         help="run tests whose name contains (or fnmatch-matches) PATTERN")
+    parser.add_argument("--tests", metavar="FILE",
+                        help="run exactly the tests named in FILE, one per line")
     parser.add_argument("--json", help="write {test: passed|failed|error|skipped} here")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args(argv)
@@ -130,11 +173,11 @@ def main(argv=None) -> int:
         # The spawned ranks re-import this module: the choice must be in the environment.
         env = dict(os.environ, FAKEGPU_SUITE_BACKEND=args.backend, WORLD_SIZE=str(args.world_size))
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
-    names = test_names(args.patterns)
+    tests = test_names(args.suite, args.patterns, read_test_list(args.tests) if args.tests else None)
     if args.list:
-        print("\n".join(names))
+        print("\n".join(name for _, name in tests))
         return 0
-    suite = unittest.TestSuite(TestDistributedSuite(n) for n in names)
+    suite = unittest.TestSuite(cls(name) for cls, name in tests)
     _Recorder.json_path = args.json
     # verbosity 2: one line per test as it ends, so a long run's log shows where it is
     runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=2, stream=sys.stderr)

@@ -3,7 +3,8 @@
     python verification/torch_suites/run.py [--world-sizes 2,4,8] [-k PATTERN ...] \\
         [--workdir DIR] [--json OUT]
 
-For every world size it runs distributed_suite.py twice, with gloo groups and with fakegpu
+For every world size (and ``--suites ddp_rpc``: DDP under RPC, at its own world sizes) it
+runs distributed_suite.py twice, with gloo groups and with fakegpu
 groups (against a coordinator it starts), and prints one table: passed / failed / errors /
 skipped per backend, and the tests that pass under gloo but not under fakegpu.  The full
 suite takes hours on a small machine (every test spawns its ranks); ``-k`` picks a subset.
@@ -29,22 +30,26 @@ SUITE = HERE / "distributed_suite.py"
 
 
 def run_suite(backend: str, world_size: int, patterns: list[str], workdir: Path,
-              timeout_s: float) -> dict[str, str]:
-    out = workdir / f"{backend}-{world_size}.json"
-    log = workdir / f"{backend}-{world_size}.log"
+              timeout_s: float, tests_file: str | None = None,
+              suite: str = "distributed") -> dict[str, str]:
+    label = run_label(suite, world_size)
+    out = workdir / f"{backend}-{label}.json"
+    log = workdir / f"{backend}-{label}.log"
     env = _base_env()
     env["PYTHONPATH"] = _pythonpath(str(REPO))
     env["OMP_NUM_THREADS"] = "1"
     coordinator = None
     if backend == "fakegpu":
-        coordinator = Coordinator(workdir, workdir / f"report-{world_size}.json")
+        coordinator = Coordinator(workdir, workdir / f"report-{label}.json")
         env["FAKEGPU_COORDINATOR_ADDR"] = str(coordinator.socket)
         env["FAKEGPU_COORDINATOR_TRANSPORT"] = "unix"
         env["FAKEGPU_DIST_MODE"] = "simulate"
-    argv = [sys.executable, str(SUITE), "--backend", backend, "--world-size", str(world_size),
-            "--json", str(out)]
+    argv = [sys.executable, str(SUITE), "--backend", backend, "--suite", suite,
+            "--world-size", str(world_size), "--json", str(out)]
     for pattern in patterns:
         argv += ["-k", pattern]
+    if tests_file:
+        argv += ["--tests", str(Path(tests_file).resolve())]
     try:
         with open(log, "w") as sink:
             subprocess.run(argv, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=workdir,
@@ -57,44 +62,66 @@ def run_suite(backend: str, world_size: int, patterns: list[str], workdir: Path,
     return json.loads(out.read_text()) if out.is_file() else {}
 
 
-def table(results: dict[int, dict[str, dict[str, str]]]) -> tuple[str, dict[int, list[str]]]:
+def run_label(suite: str, world_size: int) -> str:
+    """The key of one suite run: the world size for the generic suite (it runs at several),
+    the suite's name for ddp_rpc (its classes fix their own world sizes)."""
+    return str(world_size) if suite == "distributed" else suite
+
+
+def table(results: dict[str, dict[str, dict[str, str]]]) -> tuple[str, dict[str, list[str]]]:
     kinds = ("passed", "failed", "error", "skipped")
-    lines = ["| world size | backend | " + " | ".join(kinds) + " | total |",
-             "|---:|---|" + "---:|" * (len(kinds) + 1)]
+    lines = ["| run (world size or suite) | backend | " + " | ".join(kinds) + " | total |",
+             "|---|---|" + "---:|" * (len(kinds) + 1)]
     regressions = {}
-    for world_size, by_backend in sorted(results.items()):
+    for label, by_backend in results.items():
         for backend in ("gloo", "fakegpu"):
-            counts = collections.Counter(by_backend.get(backend, {}).values())
-            lines.append(f"| {world_size} | {backend} | "
+            if backend not in by_backend:
+                continue
+            counts = collections.Counter(by_backend[backend].values())
+            lines.append(f"| {label} | {backend} | "
                          + " | ".join(str(counts.get(k, 0)) for k in kinds)
                          + f" | {sum(counts.values())} |")
         gloo, fake = by_backend.get("gloo", {}), by_backend.get("fakegpu", {})
-        regressions[world_size] = sorted(t for t, o in gloo.items()
+        regressions[label] = sorted(t for t, o in gloo.items()
                                          if o == "passed" and fake.get(t) != "passed")
     return "\n".join(lines), regressions
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world-sizes", default="2,4,8")
+    parser.add_argument("--world-sizes", default="2,4,8", help="of the distributed suite")
+    parser.add_argument("--suites", default="distributed",
+                        help="distributed and/or ddp_rpc (DDP under RPC, its own world sizes)")
     parser.add_argument("-k", dest="patterns", action="append", default=[])
+    parser.add_argument("--tests", metavar="FILE", help="exactly the tests named in FILE, one per line")
+    parser.add_argument("--backends", default="gloo,fakegpu",
+                        help="which to run (e.g. fakegpu alone, then gloo on what did not pass)")
     parser.add_argument("--workdir", help="keep logs, results and reports here")
     parser.add_argument("--json", help="write every test's outcome per world size and backend")
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per suite run")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.world_sizes.split(",") if s]
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = sorted(set(backends) - {"gloo", "fakegpu"})
+    if unknown or not backends:
+        parser.error(f"--backends: expected gloo and/or fakegpu, got {args.backends!r}")
+    suites = [x for x in args.suites.split(",") if x]
+    if not suites or set(suites) - {"distributed", "ddp_rpc"}:
+        parser.error(f"--suites: expected distributed and/or ddp_rpc, got {args.suites!r}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fakegpu-torch-suites-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results: dict[int, dict[str, dict[str, str]]] = {}
-    for world_size in sizes:
-        for backend in ("gloo", "fakegpu"):
-            results.setdefault(world_size, {})[backend] = run_suite(
-                backend, world_size, args.patterns, workdir, args.timeout)
+    results: dict[str, dict[str, dict[str, str]]] = {}
+    runs = [(suite, size) for suite in suites
+            for size in (sizes if suite == "distributed" else [2])]  # ddp_rpc: unused
+    for suite, world_size in runs:
+        for backend in backends:
+            results.setdefault(run_label(suite, world_size), {})[backend] = run_suite(
+                backend, world_size, args.patterns, workdir, args.timeout, args.tests, suite)
     text, regressions = table(results)
     print(text)
-    for world_size, names in regressions.items():
+    for label, names in regressions.items():
         if names:
-            print(f"\npass under gloo, not under fakegpu, world size {world_size}: "
+            print(f"\npass under gloo, not under fakegpu, {label}: "
                   + ", ".join(names))
     print(f"\nlogs: {workdir}")
     if args.json:
