@@ -13,6 +13,10 @@ right shapes, dtypes and plausible values:
   non-root, which has no list to take it from);
 - send/recv: see :class:`PeerExchange`.
 
+Every kind NCCL has is the native fake mode's own code (native/src/fake/fake_results.cc, and
+native/src/numerics/fake_numerics.cc for the reductions), called through cffi; only torch's
+uneven all-to-all and the reductions of dtypes NCCL has no type for are computed here.
+
 Reductions are dtype-exact like the real data path, and they are the shim's own code
 (native/src/numerics/fake_numerics.cc, called through fakegpu/native_numerics.py): floats narrower than
 float32 accumulate in float32 and round once, float64 in float64, n copies folded in rank order;
@@ -22,7 +26,6 @@ which can differ from rank-ordered folding in the last bit for float sums.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Optional
 
 import numpy as np
@@ -30,6 +33,7 @@ import numpy as np
 from fakegpu import protocol as P
 from fakegpu import native_numerics
 from fakegpu.common.dtypes import DTYPE_BY_NAME, DType
+from fakegpu.shim_helpers import ShimHelpers
 
 # Above this many element operations (group size x element count) use the closed forms.
 EXACT_ELEMENT_OPS = 1 << 24
@@ -122,12 +126,59 @@ def _int_power(v: np.ndarray, n: int) -> np.ndarray:
     return result
 
 
+# The per-kind results and the send/recv mirror are the native fake mode's own code
+# (native/src/fake/fake_results.cc), so a C program and a torch program in a fake world get
+# the same bits by construction.
+_CDEF = """
+int fakegpu_fake_collective(int kind, int datatype, int redop, int n, int rank, int root, const void* in,
+                            void* out, uint64_t count, uint64_t elem_size, const uint8_t* scalar,
+                            uint64_t exact_limit);
+void* fakegpu_peer_mirror_new(uint64_t max_pending);
+void fakegpu_peer_mirror_free(void* mirror);
+void fakegpu_peer_mirror_send(void* mirror, uint64_t group, int peer, int datatype, uint64_t count,
+                              const void* data, uint64_t nbytes);
+int fakegpu_peer_mirror_recv(void* mirror, uint64_t group, int rank, int n, int peer, int datatype,
+                             uint64_t count, void* out, uint64_t nbytes);
+"""
+
+
+class FakeResultsError(RuntimeError):
+    """The native fake results refused a call (bad arguments) or are not available."""
+
+
+_library = ShimHelpers(_CDEF, "fakegpu_fake_collective", "the fake world's results", FakeResultsError)
+_STATUS = {1: "unknown operation kind", 2: "cannot reduce this datatype with this operator",
+           3: "bad arguments (group size or rank)"}
+
+
+def _datatype_key(array: np.ndarray) -> int:
+    """The wire datatype, or a negative stand-in for a dtype NCCL has none for (its data can
+    still be moved and matched, never reduced)."""
+    dt = dtype_of(array)
+    return dt.code if dt is not None else -1 - array.dtype.num
+
+
+def _collective(kind: int, x: np.ndarray, out: np.ndarray, n: int, rank: int = 0, root: int = 0,
+                count: Optional[int] = None) -> np.ndarray:
+    """A data-moving kind (broadcast, gathers, all-to-all, scatter) by fake_results.cc."""
+    ffi, lib = _library()
+    count = x.size if count is None else count
+    datatype = _datatype_key(x)
+    status = lib.fakegpu_fake_collective(kind, datatype if datatype >= 0 else -1, 0, n, rank, root,
+                                         ffi.from_buffer(x), ffi.from_buffer(out, require_writable=True),
+                                         count, x.dtype.itemsize, ffi.NULL, EXACT_ELEMENT_OPS)
+    if status:
+        raise FakeResultsError(f"fake {P.KIND_NAMES.get(kind, kind)} of {n} ranks: {_STATUS.get(status, status)}")
+    return out
+
+
 def all_reduce(x, n, redop="sum", scale=None, **kw) -> np.ndarray:
     return reduce_symmetric(x, n, redop, scale, **kw)
 
 
 def broadcast(x: np.ndarray) -> np.ndarray:
-    return np.array(x, copy=True)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return _collective(P.KIND_BROADCAST, flat, np.empty_like(flat), 1).reshape(np.shape(x))
 
 
 def reduce(x, n, root: int, rank: int, redop="sum", scale=None, **kw) -> Optional[np.ndarray]:
@@ -136,7 +187,8 @@ def reduce(x, n, root: int, rank: int, redop="sum", scale=None, **kw) -> Optiona
 
 
 def all_gather(x: np.ndarray, n: int) -> np.ndarray:
-    return np.tile(np.ascontiguousarray(x).reshape(-1), n)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return _collective(P.KIND_ALLGATHER, flat, np.empty(n * flat.size, dtype=flat.dtype), n)
 
 
 def reduce_scatter(inp: np.ndarray, n: int, rank: int, redop="sum", scale=None, **kw) -> np.ndarray:
@@ -159,8 +211,8 @@ def all_to_all(inp: np.ndarray, n: int, rank: int,
     if in_splits is None:
         if flat.size % n:
             raise ValueError(f"all-to-all input of {flat.size} elements is not divisible by {n} ranks")
-        c = flat.size // n
-        return np.tile(flat[rank * c:(rank + 1) * c], n)
+        return _collective(P.KIND_ALLTOALL, flat, np.empty_like(flat), n, rank, count=flat.size // n)
+    # Uneven splits exist only in torch (all_to_all_single); NCCL has no such collective.
     offsets = np.cumsum([0] + [s * row for s in in_splits])
     mine = flat[offsets[rank]:offsets[rank + 1]]
     out_splits = list(out_splits) if out_splits is not None else list(in_splits)
@@ -181,45 +233,53 @@ def gather(x: np.ndarray, n: int, root: int, rank: int) -> Optional[np.ndarray]:
 def scatter(blocks: Optional[np.ndarray], n: int, root: int, rank: int, count: int,
             dtype) -> np.ndarray:
     """This rank's block of the root's flat input (zeros on a non-root)."""
+    out = np.empty(count, dtype=dtype)
     if rank == root and blocks is not None:
-        flat = np.ascontiguousarray(blocks).reshape(-1)
-        return flat[rank * count:(rank + 1) * count].copy()
-    return np.zeros(count, dtype=dtype)
+        flat = np.ascontiguousarray(blocks, dtype=dtype).reshape(-1)
+        if flat.size < n * count:
+            raise ValueError(f"scatter input of {flat.size} elements is less than {n} blocks of {count}")
+        return _collective(P.KIND_SCATTER, flat, out, n, rank, root, count=count)
+    out.fill(0)
+    return out
 
 
 class PeerExchange:
-    """Send/recv between this rank and fake peers, by symmetry.
-
-    This rank (index r) receiving from peer p = r + d gets what p sent to its own peer at
-    offset -d, p - d; in an SPMD world that is what this rank sends to r - d (mod n, as a
-    ring wraps).  So a receive takes the oldest not yet taken send of the same group to
-    index (r - d) mod n with the same element count and dtype.  If there is none (pipeline
-    stage 0 receiving gradients, or a receive posted before the matching send), the receive
-    yields zeros: deterministic, unlike stale memory.  Values are placeholders either way; a
-    fake world checks shapes, ownership and memory, not numerics.
+    """Send/recv between this rank and fake peers, by symmetry: the native fake mode's
+    PeerMirror (native/src/fake/fake_results.h, which says how a receive is matched).
 
     Sent payloads are copied (the sender may reuse its buffer); at most ``max_pending``
-    unmatched sends per group are kept, the oldest dropped first.
+    unmatched sends per group are kept, the oldest dropped first. An unmatched receive
+    yields zeros: deterministic, unlike stale memory. Values are placeholders either way; a
+    fake world checks shapes, ownership and memory, not numerics.
     """
 
     def __init__(self, max_pending: int = 64):
         self.max_pending = max_pending
-        self._pending: dict[object, deque] = {}
+        self._mirror = None
+        self._group_ids: dict[object, int] = {}
+
+    def _native(self):
+        ffi, lib = _library()
+        if self._mirror is None:
+            mirror = lib.fakegpu_peer_mirror_new(self.max_pending)
+            if mirror == ffi.NULL:
+                raise MemoryError("fakegpu: cannot allocate the fake world's send/recv mirror")
+            self._mirror = ffi.gc(mirror, lib.fakegpu_peer_mirror_free)
+        return ffi, lib, self._mirror
+
+    def _group(self, group_key) -> int:
+        return self._group_ids.setdefault(group_key, len(self._group_ids) + 1)
 
     def send(self, group_key, rank: int, n: int, peer: int, data: np.ndarray) -> None:
-        q = self._pending.setdefault(group_key, deque())
-        q.append((peer, np.array(data, copy=True).reshape(-1)))
-        while len(q) > self.max_pending:
-            q.popleft()
+        ffi, lib, mirror = self._native()
+        flat = np.ascontiguousarray(data).reshape(-1)
+        lib.fakegpu_peer_mirror_send(mirror, self._group(group_key), peer, _datatype_key(flat), flat.size,
+                                     ffi.from_buffer(flat), flat.nbytes)
 
     def recv(self, group_key, rank: int, n: int, peer: int, count: int, dtype) -> tuple[np.ndarray, bool]:
         """(data, matched): the payload for a receive of ``count`` elements from ``peer``."""
-        dtype = np.dtype(dtype)
-        target = (2 * rank - peer) % n
-        q = self._pending.get(group_key)
-        if q:
-            for i, (to, data) in enumerate(q):
-                if to == target and data.size == count and data.dtype == dtype:
-                    del q[i]
-                    return data, True
-        return np.zeros(count, dtype=dtype), False
+        ffi, lib, mirror = self._native()
+        out = np.empty(count, dtype=np.dtype(dtype))
+        matched = lib.fakegpu_peer_mirror_recv(mirror, self._group(group_key), rank, n, peer, _datatype_key(out),
+                                               count, ffi.from_buffer(out, require_writable=True), out.nbytes)
+        return out, bool(matched)

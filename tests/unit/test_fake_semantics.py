@@ -154,6 +154,28 @@ def test_int16_has_no_nccl_type_but_still_reduces():
     np.testing.assert_array_equal(S.all_reduce(x, 3, "sum"), (x.astype(np.int64) * 3).astype(np.int16))
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.int16])
+def test_dtypes_without_an_nccl_type_move_through_the_native_results(dtype):
+    # torch's bool and int16 tensors: NCCL has no type for them, the data-moving kinds still
+    # run in fake_results.cc (by element size), and send/recv match on the dtype
+    x = (np.arange(8) % 3).astype(dtype)
+    np.testing.assert_array_equal(S.all_gather(x, 3), np.tile(x, 3))
+    np.testing.assert_array_equal(S.all_to_all(x, 4, 1), np.tile(x[2:4], 4))
+    np.testing.assert_array_equal(S.broadcast(x), x)
+    np.testing.assert_array_equal(S.scatter(x, 4, 2, 2, 2, dtype), x[4:6])
+    ex = S.PeerExchange()
+    ex.send("g", 0, 2, 1, x)
+    assert not ex.recv("g", 0, 2, 1, 8, np.uint8)[1]      # same bytes, another dtype
+    data, matched = ex.recv("g", 0, 2, 1, 8, dtype)
+    assert matched and data.dtype == dtype
+    np.testing.assert_array_equal(data, x)
+
+
+def test_a_bad_rank_is_an_error_from_the_native_results():
+    with pytest.raises(S.FakeResultsError, match="bad arguments"):
+        S.all_to_all(np.zeros(8, np.float32), 4, 7)
+
+
 class TestPeerExchange:
     def test_ring_receive_gets_own_send_to_the_mirror_peer(self):
         ex = S.PeerExchange()

@@ -1,6 +1,6 @@
 // FAKEGPU_DIST_MODE=fake for C programs: the launch contract (fake/fake_contract.cc, which
-// the torch backend's contract.py calls too), the symmetric results (numerics/fake_numerics.cc,
-// which fakegpu/fake/semantics.py calls too) and the event log that the whole-world report
+// the torch backend's contract.py calls too), the symmetric results (fake/fake_results.cc and
+// numerics/fake_numerics.cc, which fakegpu/fake/semantics.py calls too) and the event log that the whole-world report
 // is built from. Nothing leaves the process: communicators are
 // created locally, collectives are completed on the caller's buffers as if every member
 // held what this rank holds, and each operation is logged (fake_events.h) for the
@@ -39,13 +39,12 @@
 #include "core/env.h"
 #include "fake/fake_contract.h"
 #include "fake/fake_events.h"
+#include "fake/fake_results.h"
 #include "numerics/fake_numerics.h"
 #include "api/last_error.h"
 
 namespace fakegpu {
 namespace {
-
-constexpr size_t kMaxPendingSends = 64;  // per communicator, like semantics.PeerExchange
 
 // The event file's kind: Send and Recv are one "SendRecv" kind there.
 const char* kind_event_name(uint8_t kind) {
@@ -55,11 +54,6 @@ const char* kind_event_name(uint8_t kind) {
 const char* redop_name(uint8_t redop) { return redop < proto::kNumRedops ? proto::kRedopNames[redop] : "sum"; }
 
 bool reduces(uint8_t kind) { return proto::kind_info(kind).reduces; }
-
-bool overlap(const void* a, uint64_t alen, const void* b, uint64_t blen) {
-  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return alen && blen && x < y + blen && y < x + alen;
-}
 
 // Bytes of the caller's buffers a call reads (input) and writes (output) on this rank.
 void call_bytes(const CollCall& c, uint64_t* in, uint64_t* out) {
@@ -83,13 +77,6 @@ void call_bytes(const CollCall& c, uint64_t* in, uint64_t* out) {
 struct FakeComm {
   std::string name;
   std::vector<int> members;
-};
-
-struct PendingSend {
-  int to;
-  uint8_t datatype;
-  uint64_t count;
-  std::vector<uint8_t> data;
 };
 
 class FakeMode : public DistMode {
@@ -175,10 +162,7 @@ class FakeMode : public DistMode {
   }
 
   ncclResult_t comm_free(ncclComm* comm, proto::FreeHow how) override {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      pending_.erase(comm->handle);
-    }
+    mirror_.forget(comm->handle);
     fake::flush();
     return ncclSuccess;
   }
@@ -275,90 +259,31 @@ class FakeMode : public DistMode {
   }
 
   void record_send(const CollCall& c, const uint8_t* in) {
-    PendingSend p;
-    p.to = c.root;
-    p.datatype = c.datatype;
-    p.count = c.count;
-    p.data.assign(in, in + c.count * datatype_size(c.datatype));
-    std::lock_guard<std::mutex> lk(mu_);
-    auto& q = pending_[c.comm->handle];
-    q.push_back(std::move(p));
-    while (q.size() > kMaxPendingSends) q.pop_front();
+    mirror_.send(c.comm->handle, c.root, c.datatype, c.count, in, c.count * datatype_size(c.datatype));
   }
 
-  // This rank's result of one call (semantics.py, operation by operation).
+  // This rank's result of one call: fake/fake_results.cc, which the torch fake backend
+  // (semantics.py) calls too.
   ncclResult_t complete(const CollCall& c, const uint8_t* in, uint8_t* out) {
-    const int n = c.comm->nranks, r = c.comm->rank;
-    const uint64_t s = datatype_size(c.datatype), blk = c.count * s;
-    if (c.count == 0) return ncclSuccess;
+    const uint64_t blk = c.count * datatype_size(c.datatype);
+    if (c.kind == proto::kSend) return ncclSuccess;  // recorded before the group ran
+    if (c.kind == proto::kRecv) {
+      mirror_.recv(c.comm->handle, c.comm->rank, c.comm->nranks, c.root, c.datatype, c.count, out, blk);
+      return ncclSuccess;
+    }
     const void* scalar = c.scalar_ptr ? c.scalar_ptr : c.scalar;
-    auto reduce = [&](const uint8_t* src, uint8_t* dst) -> ncclResult_t {
-      std::vector<uint8_t> tmp;
-      if (src != dst && overlap(src, blk, dst, blk)) {
-        tmp.assign(src, src + blk);
-        src = tmp.data();
-      }
-      if (!fake::reduce_symmetric(c.datatype, c.redop, src, dst, c.count, n, scalar))
+    switch (fake::collective_result(c.kind, c.datatype, c.redop, c.comm->nranks, c.comm->rank, c.root, in, out,
+                                    c.count, datatype_size(c.datatype), scalar, fake::kExactElementOps)) {
+      case fake::ResultStatus::kOk:
+        return ncclSuccess;
+      case fake::ResultStatus::kCannotReduce:
         return failf(ncclInvalidArgument, "fakegpu fake mode: %s: cannot reduce %s with op %d", proto::kind_name(c.kind),
                      datatype_name(c.datatype), c.redop);
-      return ncclSuccess;
-    };
-    // Fills every block of out with `block` (a copy is taken when it lives inside out).
-    auto replicate = [&](const uint8_t* block, bool skip_own) {
-      std::vector<uint8_t> tmp;
-      if (overlap(block, blk, out, n * blk) && !skip_own) {
-        tmp.assign(block, block + blk);
-        block = tmp.data();
-      }
-      for (int j = 0; j < n; j++) {
-        uint8_t* dst = out + static_cast<uint64_t>(j) * blk;
-        if (dst != block) memcpy(dst, block, blk);
-      }
-    };
-    switch (c.kind) {
-      case proto::kAllReduce:
-        return reduce(in, out);
-      case proto::kReduce:
-        return r == c.root ? reduce(in, out) : ncclSuccess;  // a non-root output is not written
-      case proto::kReduceScatter:
-        return reduce(in + r * blk, out);
-      case proto::kBroadcast:  // the root held what we hold
-        if (in && in != out) memmove(out, in, blk);
-        return ncclSuccess;
-      case proto::kAllGather:
-        replicate(in, in == out + r * blk);
-        return ncclSuccess;
-      case proto::kGather:
-        if (r == c.root) replicate(in, in == out + r * blk);
-        return ncclSuccess;
-      case proto::kAlltoAll: {  // rank j sends us its block r, which equals ours
-        std::vector<uint8_t> mine(in + r * blk, in + (r + 1) * blk);
-        for (int j = 0; j < n; j++) memcpy(out + static_cast<uint64_t>(j) * blk, mine.data(), blk);
-        return ncclSuccess;
-      }
-      case proto::kScatter:  // the root's block r; a non-root has no list to take it from
-        if (r == c.root) memmove(out, in + r * blk, blk);
-        else memset(out, 0, blk);
-        return ncclSuccess;
-      case proto::kSend:
-        return ncclSuccess;  // recorded before the group ran
-      case proto::kRecv: {
-        // From peer p = r + d we get what p sent to p - d; by symmetry, what we sent to r - d.
-        const int target = ((2 * r - c.root) % n + n) % n;
-        std::lock_guard<std::mutex> lk(mu_);
-        auto it = pending_.find(c.comm->handle);
-        if (it != pending_.end()) {
-          for (auto p = it->second.begin(); p != it->second.end(); ++p) {
-            if (p->to == target && p->count == c.count && p->datatype == c.datatype) {
-              memcpy(out, p->data.data(), blk);
-              it->second.erase(p);
-              return ncclSuccess;
-            }
-          }
-        }
-        memset(out, 0, blk);  // nothing sent that way: zeros, deterministic
-        return ncclSuccess;
-      }
+      case fake::ResultStatus::kBadArgument:
+        return failf(ncclInvalidArgument, "fakegpu fake mode: %s: bad arguments (rank %d of %d)",
+                     proto::kind_name(c.kind), c.comm->rank, c.comm->nranks);
+      case fake::ResultStatus::kUnknownKind:
+        break;
     }
     return failf(ncclInternalError, "fakegpu fake mode: unknown operation kind %d", c.kind);
   }
@@ -414,7 +339,7 @@ class FakeMode : public DistMode {
   std::mutex mu_;
   std::deque<FakeComm> comms_;  // comm->handle - 1 indexes this; never shrinks (tiny)
   std::map<std::pair<std::string, std::vector<int>>, int> event_ids_;
-  std::map<uint64_t, std::deque<PendingSend>> pending_;
+  fake::PeerMirror mirror_;  // sends by communicator handle, for the receives that mirror them
 };
 
 }  // namespace
