@@ -25,18 +25,35 @@ pytestmark = [
 SUBSET = ["test_all_reduce_sum_async", "test_all_gather_coalesced_simple", "test_send_recv_any_source"]
 
 
-def test_suite_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+def _run_driver(tmp_path, shim_library, options: list[str], tests: list[str]) -> dict:
+    """run.py with ``options`` over ``tests`` (by -k); its JSON, after checking it exited 0
+    (no test passing under gloo only)."""
     import json
 
     env = dict(os.environ, FAKEGPU_NCCL_LIBRARY=shim_library,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    argv = [sys.executable, str(REPO / "verification" / "torch_suites" / "run.py"),
-            "--world-sizes", "2", "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"),
-            "--timeout", "600"]
-    for name in SUBSET:
+    argv = [sys.executable, str(REPO / "verification" / "torch_suites" / "run.py"), *options,
+            "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"), "--timeout", "600"]
+    for name in tests:
         argv += ["-k", name]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())["2"]
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def test_suite_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+    results = _run_driver(tmp_path, shim_library, ["--world-sizes", "2"], SUBSET)["2"]
     assert results["gloo"] == results["fakegpu"]
     assert {results["fakegpu"][name] for name in SUBSET} == {"passed"}
+
+
+# DDP under RPC and distributed autograd (ddp_under_dist_autograd_test over TensorPipe): DDP
+# over a trainers' subgroup of a 6-rank world with a remote worker, and DDP gradients checked
+# against dist_autograd's
+RPC_SUBSET = ["test_backward_ddp_inside", "test_ddp_dist_autograd_local_vs_remote"]
+
+
+def test_ddp_under_rpc_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+    results = _run_driver(tmp_path, shim_library, ["--suites", "ddp_rpc"], RPC_SUBSET)["ddp_rpc"]
+    assert results["gloo"] == results["fakegpu"]
+    assert results["fakegpu"] == {name: "passed" for name in RPC_SUBSET}
