@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "api/export.h"
 #include "generated/wire_spec.h"
 #include "numerics/fake_numerics.h"
 
@@ -113,9 +114,8 @@ void PeerMirror::forget(uint64_t group) {
 }  // namespace fakegpu::fake
 
 // For Python (fakegpu/fake/semantics.py): the same results and the same mirror.
-#define FAKEGPU_EXPORT extern "C" __attribute__((visibility("default")))
 
-FAKEGPU_EXPORT int fakegpu_fake_collective(int kind, int datatype, int redop, int n, int rank, int root,
+extern "C" FG_VISIBLE int fakegpu_fake_collective(int kind, int datatype, int redop, int n, int rank, int root,
                                            const void* in, void* out, uint64_t count, uint64_t elem_size,
                                            const uint8_t* scalar, uint64_t exact_limit) {
   return static_cast<int>(fakegpu::fake::collective_result(kind, datatype, redop, n, rank, root,
@@ -124,19 +124,19 @@ FAKEGPU_EXPORT int fakegpu_fake_collective(int kind, int datatype, int redop, in
                                                            exact_limit));
 }
 
-FAKEGPU_EXPORT void* fakegpu_peer_mirror_new(uint64_t max_pending) {
+extern "C" FG_VISIBLE void* fakegpu_peer_mirror_new(uint64_t max_pending) {
   return new (std::nothrow) fakegpu::fake::PeerMirror(max_pending);
 }
 
-FAKEGPU_EXPORT void fakegpu_peer_mirror_free(void* mirror) { delete static_cast<fakegpu::fake::PeerMirror*>(mirror); }
+extern "C" FG_VISIBLE void fakegpu_peer_mirror_free(void* mirror) { delete static_cast<fakegpu::fake::PeerMirror*>(mirror); }
 
-FAKEGPU_EXPORT void fakegpu_peer_mirror_send(void* mirror, uint64_t group, int peer, int datatype, uint64_t count,
+extern "C" FG_VISIBLE void fakegpu_peer_mirror_send(void* mirror, uint64_t group, int peer, int datatype, uint64_t count,
                                              const void* data, uint64_t nbytes) {
   static_cast<fakegpu::fake::PeerMirror*>(mirror)->send(group, peer, datatype, count,
                                                          static_cast<const uint8_t*>(data), nbytes);
 }
 
-FAKEGPU_EXPORT int fakegpu_peer_mirror_recv(void* mirror, uint64_t group, int rank, int n, int peer, int datatype,
+extern "C" FG_VISIBLE int fakegpu_peer_mirror_recv(void* mirror, uint64_t group, int rank, int n, int peer, int datatype,
                                             uint64_t count, void* out, uint64_t nbytes) {
   return static_cast<fakegpu::fake::PeerMirror*>(mirror)->recv(group, rank, n, peer, datatype, count,
                                                                 static_cast<uint8_t*>(out), nbytes)
