@@ -163,8 +163,8 @@ def _collective(kind: int, x: np.ndarray, out: np.ndarray, n: int, rank: int = 0
     """A data-moving kind (broadcast, gathers, all-to-all, scatter) by fake_results.cc."""
     ffi, lib = _library()
     count = x.size if count is None else count
-    datatype = _datatype_key(x)
-    status = lib.fakegpu_fake_collective(kind, datatype if datatype >= 0 else -1, 0, n, rank, root,
+    dt = dtype_of(x)
+    status = lib.fakegpu_fake_collective(kind, dt.code if dt is not None else -1, 0, n, rank, root,
                                          ffi.from_buffer(x), ffi.from_buffer(out, require_writable=True),
                                          count, x.dtype.itemsize, ffi.NULL, EXACT_ELEMENT_OPS)
     if status:

@@ -74,7 +74,7 @@ def table(results: dict[str, dict[str, dict[str, str]]]) -> tuple[str, dict[str,
              "|---|---|" + "---:|" * (len(kinds) + 1)]
     regressions = {}
     for label, by_backend in results.items():
-        for backend in ("gloo", "fakegpu"):
+        for backend in BACKENDS:
             if backend not in by_backend:
                 continue
             counts = collections.Counter(by_backend[backend].values())
@@ -85,8 +85,20 @@ def table(results: dict[str, dict[str, dict[str, str]]]) -> tuple[str, dict[str,
             continue  # one backend run alone: nothing to compare
         gloo, fake = by_backend["gloo"], by_backend["fakegpu"]
         regressions[label] = sorted(t for t, o in gloo.items()
-                                         if o == "passed" and fake.get(t) != "passed")
+                                    if o == "passed" and fake.get(t) != "passed")
     return "\n".join(lines), regressions
+
+
+BACKENDS = ("gloo", "fakegpu")
+SUITES = ("distributed", "ddp_rpc")  # distributed_suite.py --suite
+
+
+def _choices(parser: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    """A comma-separated subset of ``allowed``, else the parser's error naming the flag."""
+    chosen = [x for x in text.split(",") if x]
+    if not chosen or set(chosen) - set(allowed):
+        parser.error(f"{flag}: expected {' and/or '.join(allowed)}, got {text!r}")
+    return chosen
 
 
 def main(argv=None) -> int:
@@ -103,13 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per suite run")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.world_sizes.split(",") if s]
-    backends = [b for b in args.backends.split(",") if b]
-    unknown = sorted(set(backends) - {"gloo", "fakegpu"})
-    if unknown or not backends:
-        parser.error(f"--backends: expected gloo and/or fakegpu, got {args.backends!r}")
-    suites = [x for x in args.suites.split(",") if x]
-    if not suites or set(suites) - {"distributed", "ddp_rpc"}:
-        parser.error(f"--suites: expected distributed and/or ddp_rpc, got {args.suites!r}")
+    backends = _choices(parser, "--backends", args.backends, BACKENDS)
+    suites = _choices(parser, "--suites", args.suites, SUITES)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fakegpu-torch-suites-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, dict[str, str]]] = {}
