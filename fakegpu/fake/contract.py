@@ -76,14 +76,10 @@ class LaunchContract:
 
         Each physical rank represents the logical ranks from itself up to the next physical
         rank (the first one also those below it): with the PP layout, its pipeline stage.
-        """
-        ordered = sorted(self.physical_ranks)
-        if len(ordered) <= 1:
-            return 0, self.world_size
-        i = ordered.index(logical_rank)
-        lo = 0 if i == 0 else ordered[i]
-        hi = ordered[i + 1] if i + 1 < len(ordered) else self.world_size
-        return lo, hi
+        The rule is the shim's (fakegpu.fake.accounting)."""
+        from .accounting import slice_of
+
+        return slice_of(self, logical_rank)
 
     def to_dict(self) -> dict:
         return {

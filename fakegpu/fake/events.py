@@ -46,10 +46,14 @@ class EventFormatError(ValueError):
 
 
 class EventLog:
-    """Collects events in memory and, if given a path, appends them to a JSON-lines file."""
+    """Collects event lines in memory and, if given a path, appends them to a JSON-lines file.
+
+    The world, comm and op lines come ready-made from the shim's encoder
+    (fakegpu.fake.accounting: the native fake mode writes the same lines); other events
+    (memory captures) are dicts encoded here."""
 
     def __init__(self, path: Optional[str] = None):
-        self.events: list[dict] = []
+        self.lines: list[str] = []
         self._lock = threading.Lock()
         self._file: Optional[IO[str]] = None
         if path:
@@ -58,10 +62,14 @@ class EventLog:
         self.path = path
 
     def add(self, event: dict) -> None:
+        self.add_line(json.dumps(event, separators=(",", ":")))
+
+    def add_line(self, line: str) -> None:
+        """One complete JSON object, without its newline."""
         with self._lock:
-            self.events.append(event)
+            self.lines.append(line)
             if self._file is not None:
-                self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+                self._file.write(line + "\n")
 
     def close(self) -> None:
         with self._lock:
@@ -71,7 +79,7 @@ class EventLog:
 
     def dumps(self) -> str:
         with self._lock:
-            return "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in self.events)
+            return "".join(line + "\n" for line in self.lines)
 
 
 def parse_lines(lines: Iterable[str], source: str = "<events>") -> Iterator[dict]:

@@ -6,17 +6,9 @@ process accounts (so that several physical processes never count the same traffi
 logs them as events, feeds the accountant, and writes the report once, at exit or when the
 default process group is destroyed.
 
-Accounting policy (documented in docs/fake-worlds.md):
-- pure fake: every operation, its replicas tiled over the whole logical world; a send
-  or receive also stands for the same-offset transfers of the other group members
-  (every pipeline stage), a receive only when this rank cannot itself send with that
-  offset (else its own send already covers it);
-- several physical processes (real_pp_fake_spmd): each stands for its slice of the world
-  (``LaunchContract.slice_of``).  A communicator inside the slice is tiled inside the slice;
-  one that spans slices (the pipeline group, the world group) is tiled over the world.  A
-  send is accounted by its sender; a receive from a physical peer by nobody (it is that
-  peer's send), from a fake peer by the receiver.  A collective's replicas are accounted
-  by the process whose slice holds the replica's lowest member.
+Accounting policy (docs/fake-worlds.md): which process accounts an operation, with which
+tiling, is the shim's rule (native/src/fake/fake_accounting.cc, through
+fakegpu.fake.accounting), which the native fake mode follows too.
 - Physical rank 0 (the store's host) writes the report; the others hand their events over
   through the store (no shared filesystem needed).
 """
@@ -31,6 +23,7 @@ import time
 import zlib
 from typing import Optional, Sequence
 
+from . import accounting as _accounting
 from . import contract as _contract
 from .events import EventLog, replay
 from .world import WorldAccountant
@@ -67,7 +60,7 @@ class FakeWorld:
         if events_path and lc.physical_world_size > 1:
             events_path = f"{events_path}.rank{lc.physical_rank}"
         self.log = EventLog(events_path or None)
-        self.log.add({"event": "world", "version": 1, **lc.to_dict()})
+        self.log.add_line(_accounting.world_line(lc, "torch"))
         self._topology = topology
         self._accountant: Optional[WorldAccountant] = None
         self._comm_ids: dict[tuple, int] = {}
@@ -84,47 +77,13 @@ class FakeWorld:
         their events to, so it is the one process sure to outlive the hand-over."""
         return self.contract.physical_rank == 0
 
-    def _placement(self, members: Sequence[int]) -> tuple[Optional[tuple[int, int]], bool]:
-        """(tiling domain, spans slices) of a communicator."""
-        lc = self.contract
-        if lc.physical_world_size <= 1:
-            return None, False
-        lo, hi = lc.slice_of(lc.logical_rank)
-        if all(lo <= m < hi for m in members):
-            return (lo, hi), False
-        return None, True
-
-    def should_account(self, members: Sequence[int], kind: str, *, sender: Optional[int] = None,
-                       receiver: Optional[int] = None):
-        """(account it?, tiling domain, owned range) for an operation of this process.
-
-        The owned range [lo, hi), when set, keeps only the replicas whose lowest member lies
-        in it: every process sees a communicator of the same shape, tiles the world the same
-        way and accounts the replicas that start in its own slice, so together they count
-        each replica once."""
-        lc = self.contract
-        domain, spans = self._placement(members)
-        from_physical_peer = (kind == "SendRecv" and receiver == lc.logical_rank and sender is not None
-                              and sender != receiver and lc.is_physical(sender))
-        if from_physical_peer:
-            return False, domain, None   # the sender's process accounts this transfer
-        if not spans or kind == "SendRecv":
-            return True, domain, None
-        return True, None, lc.slice_of(lc.logical_rank)
-
-    def spreads_p2p(self) -> bool:
-        """Pure fake: one process sees one pipeline stage, so its transfers stand for the
-        same-offset transfers of every stage (with several physical processes each stage
-        accounts its own)."""
-        return self.contract.physical_world_size == 1
-
     # -- events ---------------------------------------------------------------------------------
     def _comm_id(self, name: str, members: tuple[int, ...]) -> int:
         key = (name, members)
         cid = self._comm_ids.get(key)
         if cid is None:
             cid = self._comm_ids[key] = len(self._comm_ids)
-            self.log.add({"event": "comm", "id": cid, "name": name, "members": list(members)})
+            self.log.add_line(_accounting.comm_line(cid, name, members))
         return cid
 
     @property
@@ -138,35 +97,24 @@ class FakeWorld:
     def comm_op(self, name: str, members: Sequence[int], rank: int, kind: str, datatype: str,
                 elem_size: int, count: int, *, redop: Optional[str] = None, root: int = -1,
                 peer: int = -1) -> bool:
-        """Log and account one operation issued by comm rank ``rank``; False if another
-        process accounts it."""
+        """Log and account one operation issued by comm rank ``rank`` (for ``SendRecv``,
+        ``root`` is the sender's comm rank and ``peer`` the receiver's); False if another
+        process accounts it.  Who accounts what is the shim's rule (fakegpu.fake.accounting)."""
         members = tuple(int(m) for m in members)
-        sender = members[root] if kind == "SendRecv" and 0 <= root < len(members) else None
-        receiver = members[peer] if kind == "SendRecv" and 0 <= peer < len(members) else None
-        ok, domain, owned = self.should_account(members, kind, sender=sender, receiver=receiver)
-        if not ok:
-            return False
-        spread = kind == "SendRecv" and self.spreads_p2p()
-        if spread and receiver == members[rank] and 0 <= 2 * rank - root < len(members):
-            # This rank also sends with this offset (to 2*rank - root): that send, spread
-            # over the group, already stands for the transfer received here.
-            return False
         with self._lock:
             if self.finished:
                 return False
-            cid = self._comm_id(name, members)
-            event = {"event": "op", "comm": cid, "kind": kind, "dtype": datatype, "elem_size": elem_size,
-                     "count": count, "redop": redop, "root": root, "peer": peer, "rank": rank}
-            if domain is not None:
-                event["domain"] = list(domain)
-            if owned is not None:
-                event["owned"] = list(owned)
-            if spread:
-                event["spread"] = True
-            self.log.add(event)
+            cid = self._comm_ids.get((name, members), len(self._comm_ids))
+            where, line = _accounting.op_event(self.contract, members, cid, kind, datatype, elem_size, count,
+                                               redop=redop, root=root, peer=peer, rank=rank)
+            if line is None:
+                return False
+            self._comm_id(name, members)   # its comm line precedes the first op
+            self.log.add_line(line)
             if self.is_lead:
                 self.accountant.op(name, members, kind, datatype, elem_size, count, redop=redop,
-                                   root=root, peer=peer, domain=domain, owned=owned, spread=spread)
+                                   root=root, peer=peer, domain=where.domain, owned=where.owned,
+                                   spread=where.spread)
         return True
 
     def memory_capture(self, record: dict) -> None:

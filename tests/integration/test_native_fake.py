@@ -687,3 +687,55 @@ os._exit(0)          # no atexit: no report, but the events are on disk
     done = _run(script, _env(shim_library, NGPU=2, FAKEGPU_FAKE_EVENTS_PATH=events, FAKEGPU_QUIET=1), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["world", "comm", "op"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The native fake mode and the torch fake backend's world account the same operations and
+# write the same lines (both call native/src/fake/fake_accounting.cc).
+
+SAME_LINES_WORKER = r"""
+import numpy as np
+from fakegpu.nccl import Nccl
+nccl = Nccl()
+world = nccl.comm_init_rank(4, nccl.get_unique_id(), 1)
+tp = nccl.comm_init_rank(2, nccl.get_unique_id(), 1, name="tp")    # consecutive: [0, 1]
+x = np.ones(16, np.float32)
+world.all_reduce(x, x, 16, np.float32, "max")
+tp.all_gather(x[:8], x, 8, np.float32)
+nccl.group_start()
+world.send(x, 16, np.float32, 2)     # offset +1: spread over the group
+world.recv(x, 16, np.float32, 0)     # offset +1 too: covered by the send, not logged
+world.recv(x, 16, np.float32, 3)     # offset -2 to rank 1: 2*1 - 3 < 0, logged
+nccl.group_end()
+world.broadcast(x, x, 16, np.float32, 0)
+print("done")
+"""
+
+
+def test_native_and_torch_fake_worlds_write_the_same_lines(shim_library, tmp_path):
+    events = tmp_path / "native.jsonl"
+    done = _run(SAME_LINES_WORKER, _env(shim_library, NGPU=4, RANK=1, FAKEGPU_FAKE_EVENTS_PATH=events,
+                                        FAKEGPU_QUIET=1), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    native = events.read_text().splitlines()
+
+    from fakegpu.fake import runtime
+    from fakegpu.fake.contract import resolve
+
+    world = runtime.FakeWorld(resolve({"NGPU": "4", "RANK": "1"}), events_path=str(tmp_path / "torch.jsonl"))
+    everyone = [0, 1, 2, 3]
+    assert world.comm_op("world", everyone, 1, "AllReduce", "float32", 4, 16, redop="max")
+    assert world.comm_op("tp", [0, 1], 1, "AllGather", "float32", 4, 8)
+    assert world.comm_op("world", everyone, 1, "SendRecv", "float32", 4, 16, root=1, peer=2)
+    assert not world.comm_op("world", everyone, 1, "SendRecv", "float32", 4, 16, root=0, peer=1)
+    assert world.comm_op("world", everyone, 1, "SendRecv", "float32", 4, 16, root=3, peer=1)
+    assert world.comm_op("world", everyone, 1, "Broadcast", "float32", 4, 16, root=0)
+    world.finished = True
+    world.log.close()
+    torch_lines = (tmp_path / "torch.jsonl").read_text().splitlines()
+
+    assert native[1:] == torch_lines[1:]            # comm and op lines, byte for byte
+    assert len(native) == 1 + 2 + 5
+    head_native, head_torch = json.loads(native[0]), json.loads(torch_lines[0])
+    assert head_native.pop("frontend") == "native" and head_torch.pop("frontend") == "torch"
+    assert head_native == head_torch

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "fake/fake_accounting.h"
 #include "api/export.h"
 
 extern char** environ;
@@ -171,11 +172,7 @@ void log_event(const Contract& c, const std::string& json_object) {
     log.fd = open(log.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log.fd < 0) note("cannot open the event file " + log.path + ": " + strerror(errno) + " (no report)");
     atexit(at_exit);
-    std::string L = std::to_string(c.logical_rank);
-    log.buffer += "{\"event\":\"world\",\"version\":1,\"mode\":\"fake\",\"frontend\":\"native\",\"logical_world_size\":" +
-                  std::to_string(c.world_size) + ",\"pp_degree\":" + std::to_string(c.pp_degree) +
-                  ",\"pp_rank\":" + std::to_string(c.pp_rank) + ",\"logical_rank\":" + L +
-                  ",\"physical_rank\":0,\"physical_world_size\":1,\"physical_logical_ranks\":[" + L + "]}\n";
+    log.buffer += world_line(c, "native") + "\n";
   }
   log.buffer += json_object;
   log.buffer += '\n';

@@ -37,6 +37,7 @@
 
 #include "cuda/cuda_staging.h"
 #include "core/env.h"
+#include "fake/fake_accounting.h"
 #include "fake/fake_contract.h"
 #include "fake/fake_events.h"
 #include "fake/fake_results.h"
@@ -288,11 +289,11 @@ class FakeMode : public DistMode {
     return failf(ncclInternalError, "fakegpu fake mode: unknown operation kind %d", c.kind);
   }
 
-  // One "op" event, with runtime.FakeWorld.comm_op's pure-fake policy: every operation is
-  // tiled over the whole world; a send or receive stands for the same-offset transfers of
-  // the whole group, and a receive is left out when this rank also sends with that offset.
+  // One "op" event: the accounting rule and the lines are fake/fake_accounting.cc's (the
+  // torch fake backend calls the same code). In pure fake mode a send or receive is spread
+  // over the group, and a receive is left out when this rank also sends with that offset.
   void log_op(const fake::Contract& contract, const CollCall& c) {
-    const int n = c.comm->nranks, r = c.comm->rank;
+    const int r = c.comm->rank;
     int root = -1, peer = -1;
     const bool p2p = c.kind == proto::kSend || c.kind == proto::kRecv;
     if (c.kind == proto::kSend) {
@@ -301,39 +302,36 @@ class FakeMode : public DistMode {
     } else if (c.kind == proto::kRecv) {
       root = c.root;
       peer = r;
-      if (2 * r - root >= 0 && 2 * r - root < n) return;
     } else if (c.kind == proto::kBroadcast || c.kind == proto::kReduce || c.kind == proto::kGather ||
                c.kind == proto::kScatter) {
       root = c.root;
     }
+    std::lock_guard<std::mutex> lk(mu_);
+    const FakeComm& fc = comms_.at(c.comm->handle - 1);
+    const fake::Placement where = fake::place_op(contract, fc.members, r, p2p, root, peer);
+    if (!where.account) return;
+    auto key = std::make_pair(fc.name, fc.members);
+    auto it = event_ids_.find(key);
     int id;
-    std::string comm_line;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      const FakeComm& fc = comms_.at(c.comm->handle - 1);
-      auto key = std::make_pair(fc.name, fc.members);
-      auto it = event_ids_.find(key);
-      if (it == event_ids_.end()) {
-        id = static_cast<int>(event_ids_.size());
-        event_ids_.emplace(key, id);
-        comm_line = "{\"event\":\"comm\",\"id\":" + std::to_string(id) + ",\"name\":" + fake::json_string(fc.name) +
-                    ",\"members\":[";
-        for (size_t i = 0; i < fc.members.size(); i++) comm_line += (i ? "," : "") + std::to_string(fc.members[i]);
-        comm_line += "]}";
-      } else {
-        id = it->second;
-      }
+    if (it == event_ids_.end()) {
+      id = static_cast<int>(event_ids_.size());
+      event_ids_.emplace(key, id);
       // Logged under the lock so that a comm line precedes its first op in the file.
-      if (!comm_line.empty()) fake::log_event(contract, comm_line);
-      std::string op = "{\"event\":\"op\",\"comm\":" + std::to_string(id) + ",\"kind\":\"" + kind_event_name(c.kind) +
-                       "\",\"dtype\":\"" + datatype_name(c.datatype) +
-                       "\",\"elem_size\":" + std::to_string(datatype_size(c.datatype)) +
-                       ",\"count\":" + std::to_string(c.count) + ",\"redop\":" +
-                       (reduces(c.kind) ? std::string("\"") + redop_name(c.redop) + "\"" : std::string("null")) +
-                       ",\"root\":" + std::to_string(root) + ",\"peer\":" + std::to_string(peer) +
-                       ",\"rank\":" + std::to_string(r) + (p2p ? ",\"spread\":true}" : "}");
-      fake::log_event(contract, op);
+      fake::log_event(contract, fake::comm_line(id, fc.name, fc.members));
+    } else {
+      id = it->second;
     }
+    fake::OpEvent op;
+    op.comm_id = id;
+    op.kind = kind_event_name(c.kind);
+    op.dtype = datatype_name(c.datatype);
+    op.elem_size = static_cast<int>(datatype_size(c.datatype));
+    op.count = c.count;
+    op.redop = reduces(c.kind) ? redop_name(c.redop) : "";
+    op.root = root;
+    op.peer = peer;
+    op.rank = r;
+    fake::log_event(contract, fake::op_line(op, where));
   }
 
   std::mutex mu_;
