@@ -64,6 +64,7 @@ class FakeWorld:
         self._topology = topology
         self._accountant: Optional[WorldAccountant] = None
         self._comm_ids: dict[tuple, int] = {}
+        self._placed: dict[tuple, tuple] = {}   # operation -> (placement, line)
         self.store = None            # set by the default process group (hybrid event hand-over)
         self.finished = False
         self.written: dict = {}
@@ -104,9 +105,20 @@ class FakeWorld:
         with self._lock:
             if self.finished:
                 return False
-            cid = self._comm_ids.get((name, members), len(self._comm_ids))
-            where, line = _accounting.op_event(self.contract, members, cid, kind, datatype, elem_size, count,
-                                               redop=redop, root=root, peer=peer, rank=rank)
+            known = self._comm_ids.get((name, members))
+            cid = len(self._comm_ids) if known is None else known
+            # A training loop repeats the same operations every step: their lines are reused
+            # (only for a registered communicator: an id not yet given out names no members).
+            key = (cid, kind, datatype, elem_size, count, redop, root, peer, rank)
+            placed = self._placed.get(key) if known is not None else None
+            if placed is None:
+                placed = _accounting.op_event(self.contract, members, cid, kind, datatype, elem_size, count,
+                                              redop=redop, root=root, peer=peer, rank=rank)
+                if known is not None:
+                    if len(self._placed) >= 4096:
+                        self._placed.clear()
+                    self._placed[key] = placed
+            where, line = placed
             if line is None:
                 return False
             self._comm_id(name, members)   # its comm line precedes the first op

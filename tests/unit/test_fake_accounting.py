@@ -88,3 +88,22 @@ def test_event_log_keeps_ready_lines_and_dict_events(tmp_path):
     events = list(parse_lines(path.read_text().splitlines()))
     assert [e["event"] for e in events] == ["world", "memory"]
     assert log.dumps() == path.read_text()
+
+
+def test_a_reused_line_belongs_to_its_own_communicator(monkeypatch):
+    """FakeWorld reuses an operation's line per communicator id: a receive left out on one
+    group must not leave out the same call on another group registered later with that id."""
+    from fakegpu.fake import runtime
+
+    for var in ("FAKEGPU_CLUSTER_REPORT_PATH", "FAKEGPU_FAKE_REPORT_PATH", "FAKEGPU_FAKE_EVENTS_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    world = runtime.FakeWorld(_pure(ngpu=8, rank=1))
+    # On [0, 1, 2] rank 1 receiving from 0 is covered by its own send to 2: not logged, and the
+    # group gets no id. On [0, 1] (next id) there is no rank 2 to send to: logged.
+    assert not world.comm_op("a", [0, 1, 2], 1, "SendRecv", "float32", 4, 8, root=0, peer=1)
+    assert world.comm_op("b", [0, 1], 1, "SendRecv", "float32", 4, 8, root=0, peer=1)
+    assert world.comm_op("b", [0, 1], 1, "SendRecv", "float32", 4, 8, root=0, peer=1)
+    assert not world.comm_op("a", [0, 1, 2], 1, "SendRecv", "float32", 4, 8, root=0, peer=1)
+    world.finished = True
+    ops = [json.loads(line) for line in world.log.lines if '"op"' in line]
+    assert len(ops) == 2 and {op["comm"] for op in ops} == {0}

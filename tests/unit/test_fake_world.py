@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -148,11 +147,10 @@ def test_topology_smaller_than_world_is_refused(topo64):
         WorldAccountant(topo64, 128)
 
 
-def test_a_1024_rank_world_is_accounted_quickly():
+def test_a_1024_rank_world_evaluates_each_shape_once():
     topo = uniform_cluster(128, 8)
     acc = WorldAccountant(topo, 1024)
     tp, dp, pp = list(range(8)), [k * 8 for k in range(32)], [k * 256 for k in range(4)]
-    start = time.perf_counter()
     ops = 0
     for step in range(2):
         for i in range(40):
@@ -163,13 +161,11 @@ def test_a_1024_rank_world_is_accounted_quickly():
         for i in range(8):
             acc.op("pp", pp, "SendRecv", "bfloat16", 2, 65536, root=0, peer=1)
             ops += 1
-    elapsed = time.perf_counter() - start
     report = acc.report.to_dict()
     assert check_report(report, world_size=1024) == []
     assert report["totals"]["operations"] == acc.records == 2 * (40 * (32 + 32 + 128) + 8 * 256)
     # one cost-model evaluation per distinct (operation, size, group shape), not per replica
     assert acc.report.estimates_computed <= 2 * 40 + 40 + 1
-    assert elapsed < 120, f"{ops} ops over 1024 ranks took {elapsed:.1f}s"
 
 
 # -- events --------------------------------------------------------------------------------------------
