@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the code and doc tables that spec/wire.py and spec/env.py declare (the way NCCL's
-generate.py writes its kernel tables): native/src/generated/wire_spec.h, fakegpu/wire_spec.py,
+generate.py writes its kernel tables): native/src/generated/wire_spec.h and wire_messages.h
+(the message structs and codecs), fakegpu/wire_spec.py,
 the marked tables of docs/protocol.md and the environment table of docs/usage.md.
 
     python spec/generate.py           # rewrite what is stale
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CPP_OUT = ROOT / "native" / "src" / "generated" / "wire_spec.h"
+CPP_MESSAGES_OUT = ROOT / "native" / "src" / "generated" / "wire_messages.h"
 PY_OUT = ROOT / "fakegpu" / "wire_spec.py"
 DOC = ROOT / "docs" / "protocol.md"
 
@@ -86,6 +88,164 @@ def check(spec) -> None:
     _, opdesc = offsets(spec.OPDESC)
     if header != 16 or opdesc % 8:
         raise SystemExit(f"spec/wire.py: header is {header} bytes (must be 16), OpDesc {opdesc} (a multiple of 8)")
+
+
+# ------------------------------------------------------------------------- C++ message codecs
+
+CPP_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i32": "int32_t", "u64": "uint64_t",
+             "f64": "double"}
+
+
+def body_field(field):
+    """(name, kind, element type, size or count field, default) of one BODIES field, where kind is
+    scalar, str, optional_str, bytes or array."""
+    name, t = field[0], field[1]
+    default = field[2] if len(field) > 2 else None
+    if t in CPP_TYPES:
+        return name, "scalar", t, None, default
+    if t in ("str", "str?"):
+        return name, "optional_str" if t == "str?" else "str", None, None, default
+    m = re.fullmatch(r"bytes\[(\d+)\]", t)
+    if m:
+        return name, "bytes", None, int(m.group(1)), default
+    m = re.fullmatch(r"(u8|u16|u32|i32|u64|f64)\[([a-z_]+)\]", t)
+    if m:
+        return name, "array", m.group(1), m.group(2), default
+    raise SystemExit(f"spec/wire.py: BODIES: unknown field type {t!r} of {name}")
+
+
+def check_bodies(spec) -> None:
+    types = {m[1] for m in spec.MESSAGES}
+    for struct_name, messages, fields in spec.BODIES:
+        for m in messages:
+            if m not in types:
+                raise SystemExit(f"spec/wire.py: BODIES {struct_name}: no message {m}")
+        seen, counts = [], set()
+        for i, f in enumerate(fields):
+            name, kind, _, extra, _ = body_field(f)
+            if kind == "array":
+                if extra not in seen:
+                    raise SystemExit(f"spec/wire.py: BODIES {struct_name}.{name}: its count {extra} must come first")
+                counts.add(extra)
+            if kind == "optional_str" and i != len(fields) - 1:
+                raise SystemExit(f"spec/wire.py: BODIES {struct_name}.{name}: an optional str must be last")
+            seen.append(name)
+
+
+def body_members(fields):
+    """The fields that are struct members: all but the array counts."""
+    counts = {body_field(f)[3] for f in fields if body_field(f)[1] == "array"}
+    return [f for f in fields if f[0] not in counts]
+
+
+def cpp_member(field) -> str:
+    name, kind, elem, extra, default = body_field(field)
+    if kind == "scalar":
+        return f"  {CPP_TYPES[elem]} {name} = {default if default is not None else 0};"
+    if kind in ("str", "optional_str"):
+        return f"  std::string {name};"
+    if kind == "bytes":
+        return f"  uint8_t {name}[{extra}] = {{}};"
+    return f"  std::vector<{CPP_TYPES[elem]}> {name};"
+
+
+def cpp_encode(struct_name, fields) -> list:
+    arrays = {body_field(f)[3]: f[0] for f in fields if body_field(f)[1] == "array"}
+    out = [f"inline void encode(Writer& w, const {struct_name}& m) {{"]
+    for f in fields:
+        name, kind, elem, extra, _ = body_field(f)
+        if name in arrays:
+            out.append(f"  w.{elem}(static_cast<{CPP_TYPES[elem]}>(m.{arrays[name]}.size()));")
+        elif kind == "scalar":
+            out.append(f"  w.{elem}(m.{name});")
+        elif kind == "str":
+            out.append(f"  w.str(m.{name});")
+        elif kind == "optional_str":
+            out.append(f"  if (!m.{name}.empty()) w.str(m.{name});")
+        elif kind == "bytes":
+            out.append(f"  w.raw(m.{name}, {extra});")
+        else:
+            out.append(f"  for ({CPP_TYPES[elem]} v : m.{name}) w.{elem}(v);")
+    out.append("}")
+    return out
+
+
+def cpp_decode(struct_name, fields) -> list:
+    arrays = {body_field(f)[3]: f[0] for f in fields if body_field(f)[1] == "array"}
+    out = [f"inline bool decode(Reader& r, {struct_name}* m) {{"]
+    for f in fields:
+        name, kind, elem, extra, _ = body_field(f)
+        if name in arrays:
+            out.append(f"  {CPP_TYPES[elem]} {name};")
+            out.append(f"  if (!r.{elem}(&{name})) return false;")
+            if elem == "i32":
+                out.append(f"  if ({name} < 0) return false;")
+        elif kind == "scalar":
+            out.append(f"  if (!r.{elem}(&m->{name})) return false;")
+        elif kind == "str":
+            out.append(f"  if (!r.str(&m->{name})) return false;")
+        elif kind == "optional_str":
+            out.append(f"  m->{name}.clear();")
+            out.append(f"  if (r.remaining() != 0 && !r.str(&m->{name})) return false;")
+        elif kind == "bytes":
+            out.append(f"  if (!r.raw(m->{name}, {extra})) return false;")
+        else:
+            size = WIRE_SIZES[elem]
+            out.append(f"  // Checked against the body before allocating (a division: a hostile count cannot overflow).")
+            out.append(f"  if (static_cast<uint64_t>({extra}) > r.remaining() / {size}) return false;")
+            out.append(f"  m->{name}.resize({extra});")
+            out.append(f"  for ({CPP_TYPES[elem]}& v : m->{name})")
+            out.append(f"    if (!r.{elem}(&v)) return false;")
+    out += ["  return true;", "}"]
+    return out
+
+
+def cpp_messages(spec) -> str:
+    check_bodies(spec)
+    out = [
+        "// Generated by spec/generate.py from spec/wire.py (OPDESC, BODIES): do not edit.",
+        "// The message structs and their codecs; included by wire/protocol.h after Writer and Reader.",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "#include <cstring>",
+        "#include <string>",
+        "#include <vector>",
+        "",
+        "namespace fakegpu::proto {",
+        "",
+        "// The 88-byte operation descriptor.",
+        "struct OpDesc {",
+    ]
+    for name, t, _, _ in spec.OPDESC:
+        default = spec.OPDESC_DEFAULTS.get(name, 0)
+        m = re.fullmatch(r"u8\[(\d+)\]", t)
+        out.append(f"  uint8_t {name}[{m.group(1)}] = {{}};" if m else f"  {CPP_TYPES[t]} {name} = {default};")
+    out += ["};", "", "// Writes exactly kOpDescSize bytes at `o` (hot path: no vector growth).",
+            "inline void encode_opdesc(uint8_t* o, const OpDesc& d) {"]
+    pos = 0
+    for name, t, _, _ in spec.OPDESC:
+        size = wire_size(t)
+        out.append(f"  memcpy(o + {pos}, {'' if '[' in t else '&'}d.{name}, {size});")
+        pos += size
+    out += ["}", "", "inline bool decode_opdesc(Reader& r, OpDesc* d) {", "  return"]
+    parts = []
+    for name, t, _, _ in spec.OPDESC:
+        parts.append(f"r.raw(d->{name}, {wire_size(t)})" if "[" in t else f"r.{t}(&d->{name})")
+    out.append("      " + " &&\n      ".join(parts) + ";")
+    out += ["}", ""]
+    for struct_name, messages, fields in spec.BODIES:
+        counts = [f[0] for f in fields if f not in body_members(fields)]
+        note = f"; {', '.join(counts)} on the wire is the array's length" if counts else ""
+        out.append(f"// {' / '.join(messages)}{note}.")
+        out.append(f"struct {struct_name} {{")
+        out += [cpp_member(f) for f in body_members(fields)]
+        out += ["};"]
+        out += cpp_encode(struct_name, fields)
+        out += cpp_decode(struct_name, fields)
+        out.append("")
+    out += ["}  // namespace fakegpu::proto", ""]
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------- C++
@@ -361,7 +521,7 @@ def outputs() -> dict:
     spec = load_spec()
     check(spec)
     env = load_spec("env")
-    return {CPP_OUT: cpp(spec), PY_OUT: python(spec), DOC: render_doc(DOC.read_text(), doc_tables(spec)),
+    return {CPP_OUT: cpp(spec), CPP_MESSAGES_OUT: cpp_messages(spec), PY_OUT: python(spec), DOC: render_doc(DOC.read_text(), doc_tables(spec)),
             USAGE: render_doc(USAGE.read_text(), {"environment": env_table(env)})}
 
 

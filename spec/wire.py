@@ -138,3 +138,43 @@ ARENA_HEADER = [("magic", "u32", 0), ("version", "u32", 4), ("nranks", "u32", 8)
 ARENA_RECORDS_AT = 4096       # rank r's 256-byte block (two 128-byte records, one per round parity)
 ARENA_RECORD_BLOCK = 256
 ARENA_RECORD_BYTES = 128
+
+# OpDesc fields whose default is not 0 (C++ struct initialisers, Python dataclass defaults).
+OPDESC_DEFAULTS = {"root": -1, "match_seq": 1, "step_total": 1}
+
+# Message bodies whose codecs are generated (native/src/generated/wire_messages.h) and checked
+# against the Python codec (tests/unit/test_wire_spec.py): (struct name, message types that
+# carry it, fields in wire order). A field is (name, type) or (name, type, default):
+#   u8 u16 u32 i32 u64 f64 - a little-endian value;  str - u16 length + UTF-8 bytes;
+#   str? - a str that is left out, body and all, when empty (PING's optional token);
+#   bytes[N] - N raw bytes;  T[count] - an array of T whose length is the earlier field
+#   `count`, which is not a member of its own (its value is the array's length).
+# GROUP / SIMULATE / ACCOUNT continue with OpDesc[n_ops] and GROUP_DONE with the payload;
+# LOCAL_OPS (records of an OpDesc, three f64 and nranks f64 each) is written by hand.
+BODIES = [
+    ("Hello", ["HELLO"], [("flags", "u32"), ("global_rank", "i32", -1), ("local_rank", "i32", -1),
+                          ("world_size", "i32", -1), ("pid", "u32"), ("staging_bytes", "u64"), ("token", "str"),
+                          ("shm_name", "str"), ("hostname", "str")]),
+    ("HelloOk", ["HELLO_OK"], [("client_id", "u32"), ("flags", "u32"), ("staging_bytes", "u64"),
+                               ("timeout_ms", "u32")]),
+    ("Error", ["ERROR"], [("result", "i32"), ("message", "str")]),
+    ("CommInit", ["COMM_INIT"], [("unique_id", "bytes[128]"), ("nranks", "i32"), ("rank", "i32"), ("name", "str")]),
+    ("CommInfo", ["COMM_INFO"], [("comm_handle", "u64"), ("rank", "i32"), ("nranks", "i32"),
+                                 ("global_ranks", "i32[nranks]")]),
+    ("CommSplit", ["COMM_SPLIT"], [("parent_handle", "u64"), ("color", "i32"), ("key", "i32"), ("name", "str")]),
+    ("CommFree", ["COMM_FREE"], [("comm_handle", "u64"), ("how", "u32")]),
+    ("CommShrink", ["COMM_SHRINK"], [("parent_handle", "u64"), ("flags", "u32"), ("n_excluded", "u32"),
+                                     ("excluded", "i32[n_excluded]"), ("name", "str")]),
+    ("GroupHead", ["GROUP", "SIMULATE", "ACCOUNT"], [("n_ops", "u32"), ("flags", "u32")]),
+    ("GroupDone", ["GROUP_DONE"], [("n_ops", "u32"), ("results", "i32[n_ops]"), ("message", "str")]),
+    ("SimulateDone", ["SIMULATE_DONE"], [("estimated_time_us", "f64")]),
+    ("Ping", ["PING"], [("token", "str?")]),
+    ("Pong", ["PONG"], [("description", "str")]),
+    ("Shutdown", ["SHUTDOWN"], [("token", "str")]),
+    ("ArenaRequest", ["ARENA"], [("comm_handle", "u64")]),
+    ("ArenaInfo", ["ARENA_INFO"], [("granted", "u32"), ("rank", "u32"), ("slot_bytes", "u64"),
+                                   ("total_bytes", "u64"), ("path", "str"), ("reason", "str")]),
+    ("ProbeSource", ["PROBE_SOURCE"], [("comm_handle", "u64"), ("timeout_ms", "u32"), ("nranks", "u32"),
+                                       ("recvs_posted", "u32[nranks]")]),
+    ("Source", ["SOURCE"], [("peer", "i32", -1)]),
+]

@@ -259,11 +259,11 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
     }
     case kCommInfo: {
       CommInfo m;
-      m.comm_handle = f["comm_handle"].u(); m.rank = (int32_t)f["rank"].i(); m.nranks = (int32_t)f["nranks"].i();
+      m.comm_handle = f["comm_handle"].u(); m.rank = (int32_t)f["rank"].i();
       for (const Json& g : f["global_ranks"].arr) m.global_ranks.push_back((int32_t)g.i());
       encode(w, m);
       CommInfo d;
-      decoded = decode(r, &d) && d.comm_handle == m.comm_handle && d.rank == m.rank && d.nranks == m.nranks &&
+      decoded = decode(r, &d) && d.comm_handle == m.comm_handle && d.rank == m.rank &&
                 d.global_ranks == m.global_ranks;
       break;
     }

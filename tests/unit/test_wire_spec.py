@@ -85,3 +85,82 @@ def test_every_environment_variable_the_code_reads_is_declared_once():
     undeclared = {n: where for n, where in used.items() if n not in declared}
     assert not undeclared, f"declare these in spec/env.py (and run spec/generate.py): {undeclared}"
     assert not declared - set(used), f"spec/env.py declares variables nothing reads: {sorted(declared - set(used))}"
+
+
+# -- the message bodies: spec/wire.py's BODIES against the Python codec ---------------------------
+# (the C++ codecs are generated from BODIES; tests/integration/test_native_c_api.py holds them to
+# tests/vectors/protocol_vectors.json, which test_protocol_codec.py holds the Python codec to).
+
+def _wire_spec():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fakegpu_wire_spec_source", ROOT / "spec" / "wire.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SAMPLES = {"u8": 0xA5, "u16": 0xBEEF, "u32": 0xDEADBEEF, "i32": -123456, "u64": 0x0123456789ABCDEF, "f64": -2.5}
+_ARRAYS = {"i32": [7, -1, 2**31 - 1], "u32": [0, 9, 2**32 - 1]}
+_CODES = {"u8": "B", "u16": "H", "u32": "I", "i32": "i", "u64": "Q", "f64": "d"}
+
+
+def _body_by_spec(fields, overrides=None):
+    """(body bytes, {member: value}) for sample values, encoded from the spec's field list alone."""
+    import struct
+
+    arrays = {}
+    for field in fields:
+        m = re.fullmatch(r"(\w+)\[([a-z_]+)\]", field[1])
+        if m:
+            arrays[m.group(2)] = (field[0], m.group(1))
+    body, members = b"", {}
+    for i, field in enumerate(fields):
+        name, t = field[0], field[1]
+        if name in arrays:
+            array_name, elem = arrays[name]
+            body += struct.pack("<" + _CODES[t], len(_ARRAYS[elem]))
+            continue
+        if t in _CODES:
+            value = (overrides or {}).get(name, _SAMPLES[t] + (i if t != "f64" else 0))
+            body += struct.pack("<" + _CODES[t], value)
+        elif t in ("str", "str?"):
+            value = f"{name} é {i}"
+            body += struct.pack("<H", len(value.encode())) + value.encode()
+        elif t.startswith("bytes["):
+            value = bytes(k % 256 for k in range(int(t[6:-1])))
+            body += value
+        else:
+            elem = re.fullmatch(r"(\w+)\[", t[: t.index("[") + 1]).group(1)
+            value = list(_ARRAYS[elem])
+            body += struct.pack(f"<{len(value)}{_CODES[elem]}", *value)
+        members[name] = value
+    return body, members
+
+
+def test_python_codec_matches_every_body_the_spec_declares():
+    spec = _wire_spec()
+    codes = {name: code for code, name, *_ in spec.MESSAGES}
+    checked = []
+    for struct_name, messages, fields in spec.BODIES:
+        # GROUP / SIMULATE / ACCOUNT: n_ops OpDescs follow the head (none here); Python keeps them as ops.
+        group_head = struct_name == "GroupHead"
+        body, members = _body_by_spec(fields, {"n_ops": 0} if group_head else None)
+        for message in messages:
+            msg = P.decode_body(codes[message], body)
+            for name, value in members.items():
+                got = len(msg.ops) if group_head and name == "n_ops" else getattr(msg, name)
+                got = list(got) if isinstance(got, tuple) else (bytes(got) if isinstance(value, bytes) else got)
+                assert got == value, f"{message}.{name}: the Python codec reads {got!r}, the spec says {value!r}"
+            assert P.encode_body(msg) == body, f"{message}: the Python codec writes other bytes than the spec"
+            checked.append(message)
+    # Every message has its body declared, but LOCAL_OPS (written by hand in both languages) and
+    # OK (an empty body).
+    assert sorted(checked) == sorted(set(codes) - {"LOCAL_OPS", "OK"})
+
+
+def test_generated_cpp_codecs_cover_every_declared_body():
+    text = (ROOT / "native" / "src" / "generated" / "wire_messages.h").read_text()
+    for struct_name, _, _ in _wire_spec().BODIES:
+        assert f"struct {struct_name} {{" in text
+        assert f"inline void encode(Writer& w, const {struct_name}& m)" in text
+        assert f"inline bool decode(Reader& r, {struct_name}* m)" in text

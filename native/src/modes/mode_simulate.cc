@@ -180,17 +180,18 @@ class SimulateMode : public DistMode {
     proto::CommInfo info;
     if (p->hdr.type != proto::kCommInfo || !proto::decode(r, &info))
       return failf(ncclSystemError, "fakegpu: %s: unexpected %s answer", what, proto::type_name(p->hdr.type));
-    if (req->kind == CommRequest::kSplit && (info.comm_handle == 0 || info.nranks == 0)) {
+    const int nranks = static_cast<int>(info.global_ranks.size());  // COMM_INFO's nranks on the wire
+    if (req->kind == CommRequest::kSplit && (info.comm_handle == 0 || nranks == 0)) {
       req->no_color_result = true;
       return ncclSuccess;
     }
-    if (info.nranks <= 0 || info.rank < 0 || info.rank >= info.nranks ||
-        (req->kind == CommRequest::kInit && (info.rank != req->rank || info.nranks != req->nranks)))
-      return failf(ncclSystemError, "fakegpu: %s: inconsistent COMM_INFO (rank %d of %d)", what, info.rank, info.nranks);
+    if (nranks <= 0 || info.rank < 0 || info.rank >= nranks ||
+        (req->kind == CommRequest::kInit && (info.rank != req->rank || nranks != req->nranks)))
+      return failf(ncclSystemError, "fakegpu: %s: inconsistent COMM_INFO (rank %d of %d)", what, info.rank, nranks);
     ncclComm* c = req->comm;
     c->handle = info.comm_handle;
     c->rank = info.rank;
-    c->nranks = info.nranks;
+    c->nranks = nranks;
     c->global_ranks.assign(info.global_ranks.begin(), info.global_ranks.end());
     return ncclSuccess;
   }

@@ -67,89 +67,8 @@ std::vector<uint8_t> frame(uint16_t type, uint32_t request_id, const std::vector
   return out;
 }
 
-// ---- encoders ----------------------------------------------------------------------------
+// ---- LOCAL_OPS (the other messages' codecs are generated: generated/wire_messages.h) ----
 
-void encode(Writer& w, const Hello& m) {
-  w.u32(m.flags);
-  w.i32(m.global_rank);
-  w.i32(m.local_rank);
-  w.i32(m.world_size);
-  w.u32(m.pid);
-  w.u64(m.staging_bytes);
-  w.str(m.token);
-  w.str(m.shm_name);
-  w.str(m.hostname);
-}
-void encode(Writer& w, const HelloOk& m) {
-  w.u32(m.client_id);
-  w.u32(m.flags);
-  w.u64(m.staging_bytes);
-  w.u32(m.timeout_ms);
-}
-void encode(Writer& w, const Error& m) {
-  w.i32(m.result);
-  w.str(m.message);
-}
-void encode(Writer& w, const CommInit& m) {
-  w.raw(m.unique_id, kUniqueIdBytes);
-  w.i32(m.nranks);
-  w.i32(m.rank);
-  w.str(m.name);
-}
-void encode(Writer& w, const CommInfo& m) {
-  w.u64(m.comm_handle);
-  w.i32(m.rank);
-  w.i32(m.nranks);
-  for (int32_t g : m.global_ranks) w.i32(g);
-}
-void encode(Writer& w, const CommSplit& m) {
-  w.u64(m.parent_handle);
-  w.i32(m.color);
-  w.i32(m.key);
-  w.str(m.name);
-}
-void encode(Writer& w, const CommShrink& m) {
-  w.u64(m.parent_handle);
-  w.u32(m.flags);
-  w.u32(static_cast<uint32_t>(m.excluded.size()));
-  for (int32_t r : m.excluded) w.i32(r);
-  w.str(m.name);
-}
-void encode(Writer& w, const CommFree& m) {
-  w.u64(m.comm_handle);
-  w.u32(m.how);
-}
-void encode(Writer& w, const GroupHead& m) {
-  w.u32(m.n_ops);
-  w.u32(m.flags);
-}
-void encode(Writer& w, const GroupDone& m) {
-  w.u32(static_cast<uint32_t>(m.results.size()));
-  for (int32_t r : m.results) w.i32(r);
-  w.str(m.message);
-}
-void encode(Writer& w, const SimulateDone& m) { w.f64(m.estimated_time_us); }
-void encode(Writer& w, const Ping& m) {
-  if (!m.token.empty()) w.str(m.token);
-}
-void encode(Writer& w, const Pong& m) { w.str(m.description); }
-void encode(Writer& w, const Shutdown& m) { w.str(m.token); }
-void encode(Writer& w, const ArenaRequest& m) { w.u64(m.comm_handle); }
-void encode(Writer& w, const ProbeSource& m) {
-  w.u64(m.comm_handle);
-  w.u32(m.timeout_ms);
-  w.u32(static_cast<uint32_t>(m.recvs_posted.size()));
-  for (uint32_t n : m.recvs_posted) w.u32(n);
-}
-void encode(Writer& w, const Source& m) { w.i32(m.peer); }
-void encode(Writer& w, const ArenaInfo& m) {
-  w.u32(m.granted);
-  w.u32(m.rank);
-  w.u64(m.slot_bytes);
-  w.u64(m.total_bytes);
-  w.str(m.path);
-  w.str(m.reason);
-}
 void encode(Writer& w, const LocalOps& m) {
   w.u64(m.comm_handle);
   w.u32(static_cast<uint32_t>(m.records.size()));
@@ -170,91 +89,6 @@ void encode_group_head(uint8_t* out, uint32_t n_ops, uint32_t flags) {
   memcpy(out + 4, &flags, 4);
 }
 
-void encode_opdesc(uint8_t* o, const OpDesc& d) {
-  memcpy(o + 0, &d.comm_handle, 8);
-  o[8] = d.kind;
-  o[9] = d.datatype;
-  o[10] = d.redop;
-  o[11] = d.flags;
-  memcpy(o + 12, &d.root, 4);
-  memcpy(o + 16, &d.total_count, 8);
-  memcpy(o + 24, &d.step_count, 8);
-  memcpy(o + 32, &d.in_offset, 8);
-  memcpy(o + 40, &d.in_len, 8);
-  memcpy(o + 48, &d.out_offset, 8);
-  memcpy(o + 56, &d.out_len, 8);
-  memcpy(o + 64, d.scalar, 8);
-  memcpy(o + 72, &d.call_seq, 4);
-  memcpy(o + 76, &d.match_seq, 4);
-  memcpy(o + 80, &d.step_index, 4);
-  memcpy(o + 84, &d.step_total, 4);
-}
-
-// ---- decoders ----------------------------------------------------------------------------
-
-bool decode(Reader& r, Hello* m) {
-  return r.u32(&m->flags) && r.i32(&m->global_rank) && r.i32(&m->local_rank) && r.i32(&m->world_size) &&
-         r.u32(&m->pid) && r.u64(&m->staging_bytes) && r.str(&m->token) && r.str(&m->shm_name) &&
-         r.str(&m->hostname);
-}
-bool decode(Reader& r, HelloOk* m) {
-  return r.u32(&m->client_id) && r.u32(&m->flags) && r.u64(&m->staging_bytes) && r.u32(&m->timeout_ms);
-}
-bool decode(Reader& r, Error* m) { return r.i32(&m->result) && r.str(&m->message); }
-bool decode(Reader& r, CommInit* m) {
-  return r.raw(m->unique_id, kUniqueIdBytes) && r.i32(&m->nranks) && r.i32(&m->rank) && r.str(&m->name);
-}
-bool decode(Reader& r, CommInfo* m) {
-  if (!(r.u64(&m->comm_handle) && r.i32(&m->rank) && r.i32(&m->nranks))) return false;
-  if (m->nranks < 0 || static_cast<uint64_t>(m->nranks) * 4 > r.remaining()) return false;
-  m->global_ranks.resize(m->nranks);
-  for (auto& g : m->global_ranks)
-    if (!r.i32(&g)) return false;
-  return true;
-}
-bool decode(Reader& r, CommSplit* m) {
-  return r.u64(&m->parent_handle) && r.i32(&m->color) && r.i32(&m->key) && r.str(&m->name);
-}
-bool decode(Reader& r, CommShrink* m) {
-  uint32_t n;
-  if (!(r.u64(&m->parent_handle) && r.u32(&m->flags) && r.u32(&n)) || static_cast<uint64_t>(n) * 4 > r.remaining())
-    return false;
-  m->excluded.resize(n);
-  for (uint32_t i = 0; i < n; i++)
-    if (!r.i32(&m->excluded[i])) return false;
-  return r.str(&m->name);
-}
-bool decode(Reader& r, CommFree* m) { return r.u64(&m->comm_handle) && r.u32(&m->how); }
-bool decode(Reader& r, GroupHead* m) { return r.u32(&m->n_ops) && r.u32(&m->flags); }
-bool decode(Reader& r, GroupDone* m) {
-  uint32_t n;
-  if (!r.u32(&n) || static_cast<uint64_t>(n) * 4 > r.remaining()) return false;
-  m->results.resize(n);
-  for (auto& x : m->results)
-    if (!r.i32(&x)) return false;
-  return r.str(&m->message);
-}
-bool decode(Reader& r, SimulateDone* m) { return r.f64(&m->estimated_time_us); }
-bool decode(Reader& r, Ping* m) {
-  m->token.clear();
-  return r.remaining() == 0 || r.str(&m->token);
-}
-bool decode(Reader& r, Pong* m) { return r.str(&m->description); }
-bool decode(Reader& r, Shutdown* m) { return r.str(&m->token); }
-bool decode(Reader& r, ArenaRequest* m) { return r.u64(&m->comm_handle); }
-bool decode(Reader& r, ProbeSource* m) {
-  uint32_t n;
-  if (!r.u64(&m->comm_handle) || !r.u32(&m->timeout_ms) || !r.u32(&n) || n > r.remaining() / 4) return false;
-  m->recvs_posted.resize(n);
-  for (uint32_t& v : m->recvs_posted)
-    if (!r.u32(&v)) return false;
-  return true;
-}
-bool decode(Reader& r, Source* m) { return r.i32(&m->peer); }
-bool decode(Reader& r, ArenaInfo* m) {
-  return r.u32(&m->granted) && r.u32(&m->rank) && r.u64(&m->slot_bytes) && r.u64(&m->total_bytes) &&
-         r.str(&m->path) && r.str(&m->reason);
-}
 bool decode(Reader& r, LocalOps* m) {
   uint32_t n;
   if (!(r.u64(&m->comm_handle) && r.u32(&n) && r.u32(&m->nranks))) return false;
@@ -275,14 +109,6 @@ bool decode(Reader& r, LocalOps* m) {
       if (!r.f64(&x)) return false;
   }
   return true;
-}
-
-bool decode_opdesc(Reader& r, OpDesc* d) {
-  return r.u64(&d->comm_handle) && r.u8(&d->kind) && r.u8(&d->datatype) && r.u8(&d->redop) &&
-         r.u8(&d->flags) && r.i32(&d->root) && r.u64(&d->total_count) && r.u64(&d->step_count) &&
-         r.u64(&d->in_offset) && r.u64(&d->in_len) && r.u64(&d->out_offset) && r.u64(&d->out_len) &&
-         r.raw(d->scalar, 8) && r.u32(&d->call_seq) && r.u32(&d->match_seq) &&
-         r.u32(&d->step_index) && r.u32(&d->step_total);
 }
 
 }  // namespace fakegpu::proto
