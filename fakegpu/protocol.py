@@ -20,6 +20,10 @@ from typing import Callable, ClassVar, Optional, Sequence, Union
 # result codes) are declared once in spec/wire.py and generated into fakegpu/wire_spec.py and the
 # shim's native/src/generated/wire_spec.h; this module adds the codec around them.
 from fakegpu.wire_spec import *  # noqa: F401,F403  (part of this module's API: P.KIND_NAMES, P.GROUP, ...)
+# The message bodies' codecs are generated from spec/wire.py's BODIES (fakegpu/wire_bodies.py) and
+# written with fakegpu/wire_io.py's pieces; this module adds the messages, frames and the parser.
+from fakegpu import wire_bodies as _bodies
+from fakegpu.wire_io import MAX_STR_BYTES, ProtocolError, Reader, encode_str, pack as _pack  # noqa: F401
 
 HEADER = struct.Struct(HEADER_FORMAT)
 HEADER_SIZE = HEADER.size  # 16
@@ -30,7 +34,6 @@ assert HEADER_SIZE == 16 and OPDESC_STRUCT.size == OPDESC_SIZE == 88
 _OPDESC_IN_OFFSET = OPDESC_OFFSETS["in_offset"]
 assert OPDESC_OFFSETS["in_len"] == _OPDESC_IN_OFFSET + 8
 
-MAX_STR_BYTES = 0xFFFF
 # Frames other than GROUP / GROUP_DONE / SIMULATE / ACCOUNT are small; so are descriptor tables (the
 # "+ 16 MiB" of the body limit). Bounding them bounds what a connection can make us buffer.
 MAX_SMALL_BODY = 256 * 1024
@@ -39,10 +42,6 @@ MAX_DESCRIPTOR_BYTES = 16 << 20
 PRE_HELLO_MAX_BODY = 64 * 1024
 
 _LARGE_TYPES = LARGE_TYPES
-
-
-class ProtocolError(Exception):
-    """The peer sent bytes that violate the protocol; the connection must be closed."""
 
 
 class VersionError(ProtocolError):
@@ -188,6 +187,10 @@ class Group:
     flags: int = 0
     payload: bytes = b""
 
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
 
 @dataclass(frozen=True)
 class GroupDone:
@@ -196,12 +199,20 @@ class GroupDone:
     message: str = ""
     payload: bytes = b""
 
+    @property
+    def n_ops(self) -> int:
+        return len(self.results)
+
 
 @dataclass(frozen=True)
 class Simulate:
     TYPE: ClassVar[int] = SIMULATE
     ops: tuple = ()
     flags: int = 0
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,10 @@ class Account:
     TYPE: ClassVar[int] = ACCOUNT
     ops: tuple = ()
     flags: int = 0
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
 
 
 @dataclass(frozen=True)
@@ -303,41 +318,11 @@ Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommSh
 # --------------------------------------------------------------------------- encoding
 
 _U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_U16 = struct.Struct("<H")
-_HELLO_FIXED = struct.Struct("<IiiiIQ")
-_HELLO_OK = struct.Struct("<IIQI")
-_COMM_INIT_TAIL = struct.Struct("<ii")
-_COMM_INFO_FIXED = struct.Struct("<Qii")
-_COMM_SPLIT_FIXED = struct.Struct("<Qii")
-_COMM_FREE = struct.Struct("<QI")
-_COMM_SHRINK_FIXED = struct.Struct("<QII")
-_GROUP_PREFIX = struct.Struct("<II")
-_F64 = struct.Struct("<d")
-_U64 = struct.Struct("<Q")
-_ARENA_INFO_FIXED = struct.Struct("<IIQQ")
-_PROBE_SOURCE = struct.Struct("<QII")
+_GROUP_PREFIX = struct.Struct("<II")   # the head of GROUP / SIMULATE / ACCOUNT, read in place by the parser
 _LOCAL_OPS_FIXED = struct.Struct("<QII")
 _LOCAL_TIMES = struct.Struct("<ddd")
 # Fixed part of one LOCAL_OPS record: the OpDesc and three f64 times (the waits follow).
 LOCAL_RECORD_FIXED = OPDESC_SIZE + _LOCAL_TIMES.size
-
-
-def _pack(st: struct.Struct, what: str, *values) -> bytes:
-    try:
-        return st.pack(*values)
-    except struct.error as exc:
-        raise ProtocolError(f"cannot encode {what}: {exc} (values {values!r})") from None
-
-
-def encode_str(text: str, *, truncate: bool = False) -> bytes:
-    """u16 length + UTF-8. ``truncate`` cuts long diagnostics at a character boundary."""
-    raw = text.encode("utf-8")
-    if len(raw) > MAX_STR_BYTES:
-        if not truncate:
-            raise ProtocolError(f"string of {len(raw)} bytes exceeds the {MAX_STR_BYTES}-byte limit")
-        raw = raw[:MAX_STR_BYTES].decode("utf-8", "ignore").encode("utf-8")
-    return _U16.pack(len(raw)) + raw
 
 
 def encode_header(msg_type: int, request_id: int, body_len: int) -> bytes:
@@ -346,81 +331,33 @@ def encode_header(msg_type: int, request_id: int, body_len: int) -> bytes:
 
 def encode_body(msg: Message) -> bytes:
     t = msg.TYPE
-    if t == HELLO:
-        return (_pack(_HELLO_FIXED, "HELLO", msg.flags, msg.global_rank, msg.local_rank,
-                      msg.world_size, msg.pid, msg.staging_bytes)
-                + encode_str(msg.token) + encode_str(msg.shm_name) + encode_str(msg.hostname))
-    if t == HELLO_OK:
-        return _pack(_HELLO_OK, "HELLO_OK", msg.client_id, msg.flags, msg.staging_bytes, msg.timeout_ms)
-    if t == ERROR:
-        return _pack(_I32, "ERROR", msg.result) + encode_str(msg.message, truncate=True)
+    if t in (GROUP, SIMULATE, ACCOUNT):
+        head = _bodies.encode_group_head(msg) + b"".join(op.pack() for op in msg.ops)
+        return head + bytes(msg.payload) if t == GROUP else head
+    if t == GROUP_DONE:
+        return _bodies.encode_group_done(msg) + bytes(msg.payload)
+    if t == LOCAL_OPS:
+        return _encode_local_ops(msg)
     if t == OK:
         return b""
-    if t == PING:
-        return encode_str(msg.token) if msg.token else b""
-    if t == COMM_INIT:
-        uid = bytes(msg.unique_id)
-        if len(uid) != 128:
-            raise ProtocolError(f"COMM_INIT unique_id must be 128 bytes, got {len(uid)}")
-        return uid + _pack(_COMM_INIT_TAIL, "COMM_INIT", msg.nranks, msg.rank) + encode_str(msg.name)
-    if t == COMM_INFO:
-        ranks = tuple(msg.global_ranks)
-        return (_pack(_COMM_INFO_FIXED, "COMM_INFO", msg.comm_handle, msg.rank, len(ranks))
-                + _pack(struct.Struct(f"<{len(ranks)}i"), "COMM_INFO global_ranks", *ranks))
-    if t == COMM_SPLIT:
-        return (_pack(_COMM_SPLIT_FIXED, "COMM_SPLIT", msg.parent_handle, msg.color, msg.key)
-                + encode_str(msg.name))
-    if t == COMM_FREE:
-        return _pack(_COMM_FREE, "COMM_FREE", msg.comm_handle, msg.how)
-    if t == COMM_SHRINK:
-        excluded = tuple(msg.excluded)
-        return (_pack(_COMM_SHRINK_FIXED, "COMM_SHRINK", msg.parent_handle, msg.flags, len(excluded))
-                + _pack(struct.Struct(f"<{len(excluded)}i"), "COMM_SHRINK excluded", *excluded)
-                + encode_str(msg.name))
-    if t == GROUP:
-        return (_pack(_GROUP_PREFIX, "GROUP", len(msg.ops), msg.flags)
-                + b"".join(op.pack() for op in msg.ops) + bytes(msg.payload))
-    if t == GROUP_DONE:
-        res = tuple(msg.results)
-        return (_pack(_U32, "GROUP_DONE", len(res))
-                + _pack(struct.Struct(f"<{len(res)}i"), "GROUP_DONE results", *res)
-                + encode_str(msg.message, truncate=True) + bytes(msg.payload))
-    if t == SIMULATE:
-        return (_pack(_GROUP_PREFIX, "SIMULATE", len(msg.ops), msg.flags)
-                + b"".join(op.pack() for op in msg.ops))
-    if t == ACCOUNT:
-        return (_pack(_GROUP_PREFIX, "ACCOUNT", len(msg.ops), msg.flags)
-                + b"".join(op.pack() for op in msg.ops))
-    if t == SIMULATE_DONE:
-        return _pack(_F64, "SIMULATE_DONE", msg.estimated_time_us)
-    if t == ARENA:
-        return _pack(_U64, "ARENA", msg.comm_handle)
-    if t == PROBE_SOURCE:
-        posted = tuple(msg.recvs_posted)
-        return (_pack(_PROBE_SOURCE, "PROBE_SOURCE", msg.comm_handle, msg.timeout_ms, len(posted))
-                + _pack(struct.Struct(f"<{len(posted)}I"), "PROBE_SOURCE recvs_posted", *posted))
-    if t == SOURCE:
-        return _pack(_I32, "SOURCE", msg.peer)
-    if t == ARENA_INFO:
-        return (_pack(_ARENA_INFO_FIXED, "ARENA_INFO", msg.granted, msg.rank, msg.slot_bytes, msg.total_bytes)
-                + encode_str(msg.path) + encode_str(msg.reason, truncate=True))
-    if t == LOCAL_OPS:
-        records = tuple(msg.records)
-        parts = [_pack(_LOCAL_OPS_FIXED, "LOCAL_OPS", msg.comm_handle, len(records), msg.nranks)]
-        waits = struct.Struct(f"<{msg.nranks}d")
-        for i, rec in enumerate(records):
-            if len(rec.arrival_wait_s) != msg.nranks:
-                raise ProtocolError(f"LOCAL_OPS record {i} has {len(rec.arrival_wait_s)} arrival waits, "
-                                    f"nranks is {msg.nranks}")
-            parts.append(rec.desc.pack())
-            parts.append(_pack(_LOCAL_TIMES, "LOCAL_OPS times", rec.started_at, rec.rendezvous_s, rec.execution_s))
-            parts.append(_pack(waits, "LOCAL_OPS arrival_wait_s", *rec.arrival_wait_s))
-        return b"".join(parts)
-    if t == PONG:
-        return encode_str(msg.description, truncate=True)
-    if t == SHUTDOWN:
-        return encode_str(msg.token)
-    raise ProtocolError(f"cannot encode unknown message {msg!r}")
+    codec = _bodies.CODECS.get(t)
+    if codec is None:
+        raise ProtocolError(f"cannot encode unknown message {msg!r}")
+    return codec[0](msg)
+
+
+def _encode_local_ops(msg: "LocalOps") -> bytes:
+    records = tuple(msg.records)
+    parts = [_pack(_LOCAL_OPS_FIXED, "LOCAL_OPS", msg.comm_handle, len(records), msg.nranks)]
+    waits = struct.Struct(f"<{msg.nranks}d")
+    for i, rec in enumerate(records):
+        if len(rec.arrival_wait_s) != msg.nranks:
+            raise ProtocolError(f"LOCAL_OPS record {i} has {len(rec.arrival_wait_s)} arrival waits, "
+                                f"nranks is {msg.nranks}")
+        parts.append(rec.desc.pack())
+        parts.append(_pack(_LOCAL_TIMES, "LOCAL_OPS times", rec.started_at, rec.rendezvous_s, rec.execution_s))
+        parts.append(_pack(waits, "LOCAL_OPS arrival_wait_s", *rec.arrival_wait_s))
+    return b"".join(parts)
 
 
 def encode_frame(msg: Message, request_id: int = 0) -> bytes:
@@ -431,50 +368,7 @@ def encode_frame(msg: Message, request_id: int = 0) -> bytes:
 # --------------------------------------------------------------------------- decoding
 
 
-class _Reader:
-    __slots__ = ("buf", "pos", "what")
-
-    def __init__(self, buf, what: str):
-        self.buf = memoryview(buf)
-        self.pos = 0
-        self.what = what
-
-    def need(self, n: int, field_name: str) -> None:
-        if self.pos + n > len(self.buf):
-            raise ProtocolError(
-                f"{self.what} body truncated: {field_name} needs {n} bytes at offset {self.pos}, "
-                f"body has {len(self.buf)}")
-
-    def unpack(self, st: struct.Struct, field_name: str):
-        self.need(st.size, field_name)
-        values = st.unpack_from(self.buf, self.pos)
-        self.pos += st.size
-        return values
-
-    def raw(self, n: int, field_name: str) -> bytes:
-        self.need(n, field_name)
-        out = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return out
-
-    def str(self, field_name: str) -> str:
-        (n,) = self.unpack(_U16, field_name + " length")
-        raw = self.raw(n, field_name)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ProtocolError(f"{self.what} {field_name} is not valid UTF-8: {exc}") from None
-
-    def rest(self) -> bytes:
-        out = bytes(self.buf[self.pos:])
-        self.pos = len(self.buf)
-        return out
-
-    def done(self) -> None:
-        if self.pos != len(self.buf):
-            raise ProtocolError(
-                f"{self.what} body has {len(self.buf) - self.pos} unexpected trailing bytes "
-                f"(body_len {len(self.buf)}, decoded {self.pos})")
+_Reader = Reader
 
 
 def decode_ops(r: _Reader, n_ops: int) -> tuple:
@@ -502,47 +396,20 @@ def decode_local_ops(r: _Reader) -> "LocalOps":
     return LocalOps(handle, nranks, tuple(records))
 
 
+# message type -> its dataclass, for the bodies decoded by wire_bodies.
+_CLASSES = {cls.TYPE: cls for cls in (Hello, HelloOk, Error, CommInit, CommInfo, CommSplit, CommShrink,
+                                      CommFree, ArenaRequest, ProbeSource, Source, ArenaInfo, SimulateDone,
+                                      Ping, Pong, Shutdown)}
+
+
 def decode_body(msg_type: int, body) -> Message:
     """Decode one frame body. Raises ProtocolError naming the problem."""
     name = MESSAGE_NAMES.get(msg_type)
     if name is None:
         raise ProtocolError(f"unknown message type {msg_type}")
-    r = _Reader(body, name)
-    if msg_type == HELLO:
-        flags, g, lr, ws, pid, staging = r.unpack(_HELLO_FIXED, "fixed fields")
-        msg = Hello(flags, g, lr, ws, pid, staging, r.str("token"), r.str("shm_name"), r.str("hostname"))
-    elif msg_type == HELLO_OK:
-        msg = HelloOk(*r.unpack(_HELLO_OK, "fields"))
-    elif msg_type == ERROR:
-        (res,) = r.unpack(_I32, "nccl_result")
-        msg = Error(res, r.str("message"))
-    elif msg_type == OK:
-        msg = Ok()
-    elif msg_type == PING:
-        msg = Ping(r.str("token") if len(r.buf) else "")
-    elif msg_type == COMM_INIT:
-        uid = r.raw(128, "unique_id")
-        nranks, rank = r.unpack(_COMM_INIT_TAIL, "nranks/rank")
-        msg = CommInit(uid, nranks, rank, r.str("name"))
-    elif msg_type == COMM_INFO:
-        handle, rank, nranks = r.unpack(_COMM_INFO_FIXED, "fixed fields")
-        if nranks < 0:
-            raise ProtocolError(f"COMM_INFO nranks is negative ({nranks})")
-        ranks = r.unpack(struct.Struct(f"<{nranks}i"), "global_ranks")
-        msg = CommInfo(handle, rank, tuple(ranks))
-    elif msg_type == COMM_SPLIT:
-        parent, color, key = r.unpack(_COMM_SPLIT_FIXED, "fixed fields")
-        msg = CommSplit(parent, color, key, r.str("name"))
-    elif msg_type == COMM_FREE:
-        msg = CommFree(*r.unpack(_COMM_FREE, "fields"))
-    elif msg_type == COMM_SHRINK:
-        parent, flags, n_excluded = r.unpack(_COMM_SHRINK_FIXED, "fixed fields")
-        if n_excluded > MAX_SMALL_BODY // 4:
-            raise ProtocolError(f"COMM_SHRINK n_excluded {n_excluded} is larger than a body can hold")
-        excluded = r.unpack(struct.Struct(f"<{n_excluded}i"), "excluded")
-        msg = CommShrink(parent, flags, tuple(excluded), r.str("name"))
-    elif msg_type in (GROUP, SIMULATE, ACCOUNT):
-        n_ops, flags = r.unpack(_GROUP_PREFIX, "n_ops/flags")
+    r = Reader(body, name)
+    if msg_type in (GROUP, SIMULATE, ACCOUNT):
+        n_ops, flags = _bodies.decode_group_head(r)
         ops = decode_ops(r, n_ops)
         if msg_type == GROUP:
             msg = Group(ops, flags, r.rest())
@@ -551,34 +418,14 @@ def decode_body(msg_type: int, body) -> Message:
         else:
             msg = Simulate(ops, flags)
     elif msg_type == GROUP_DONE:
-        (n_ops,) = r.unpack(_U32, "n_ops")
-        results = r.unpack(struct.Struct(f"<{n_ops}i"), "results") if n_ops else ()
-        message = r.str("message")
+        results, message = _bodies.decode_group_done(r)
         msg = GroupDone(tuple(results), message, r.rest())
-    elif msg_type == SIMULATE_DONE:
-        (t,) = r.unpack(_F64, "estimated_time_us")
-        msg = SimulateDone(t)
-    elif msg_type == ARENA:
-        (handle,) = r.unpack(_U64, "comm_handle")
-        msg = ArenaRequest(handle)
-    elif msg_type == PROBE_SOURCE:
-        handle, timeout_ms, n = r.unpack(_PROBE_SOURCE, "comm_handle, timeout_ms, nranks")
-        posted = r.unpack(struct.Struct(f"<{n}I"), "recvs_posted") if n else ()
-        msg = ProbeSource(handle, timeout_ms, tuple(posted))
-    elif msg_type == SOURCE:
-        (peer,) = r.unpack(_I32, "peer")
-        msg = Source(peer)
-    elif msg_type == ARENA_INFO:
-        granted, rank, slot, total = r.unpack(_ARENA_INFO_FIXED, "fixed fields")
-        msg = ArenaInfo(granted, rank, slot, total, r.str("path"), r.str("reason"))
     elif msg_type == LOCAL_OPS:
         msg = decode_local_ops(r)
-    elif msg_type == PONG:
-        msg = Pong(r.str("description"))
-    elif msg_type == SHUTDOWN:
-        msg = Shutdown(r.str("token"))
-    else:  # pragma: no cover - MESSAGE_NAMES and this chain list the same types
-        raise ProtocolError(f"unknown message type {msg_type}")
+    elif msg_type == OK:
+        msg = Ok()
+    else:
+        msg = _CLASSES[msg_type](*_bodies.CODECS[msg_type][1](r))
     r.done()
     return msg
 

@@ -146,6 +146,7 @@ OPDESC_DEFAULTS = {"root": -1, "match_seq": 1, "step_total": 1}
 # against the Python codec (tests/unit/test_wire_spec.py): (struct name, message types that
 # carry it, fields in wire order). A field is (name, type) or (name, type, default):
 #   u8 u16 u32 i32 u64 f64 - a little-endian value;  str - u16 length + UTF-8 bytes;
+#   text - a str that encoders cut at a character boundary rather than refuse (diagnostics);
 #   str? - a str that is left out, body and all, when empty (PING's optional token);
 #   bytes[N] - N raw bytes;  T[count] - an array of T whose length is the earlier field
 #   `count`, which is not a member of its own (its value is the array's length).
@@ -157,7 +158,7 @@ BODIES = [
                           ("shm_name", "str"), ("hostname", "str")]),
     ("HelloOk", ["HELLO_OK"], [("client_id", "u32"), ("flags", "u32"), ("staging_bytes", "u64"),
                                ("timeout_ms", "u32")]),
-    ("Error", ["ERROR"], [("result", "i32"), ("message", "str")]),
+    ("Error", ["ERROR"], [("result", "i32"), ("message", "text")]),
     ("CommInit", ["COMM_INIT"], [("unique_id", "bytes[128]"), ("nranks", "i32"), ("rank", "i32"), ("name", "str")]),
     ("CommInfo", ["COMM_INFO"], [("comm_handle", "u64"), ("rank", "i32"), ("nranks", "i32"),
                                  ("global_ranks", "i32[nranks]")]),
@@ -166,14 +167,14 @@ BODIES = [
     ("CommShrink", ["COMM_SHRINK"], [("parent_handle", "u64"), ("flags", "u32"), ("n_excluded", "u32"),
                                      ("excluded", "i32[n_excluded]"), ("name", "str")]),
     ("GroupHead", ["GROUP", "SIMULATE", "ACCOUNT"], [("n_ops", "u32"), ("flags", "u32")]),
-    ("GroupDone", ["GROUP_DONE"], [("n_ops", "u32"), ("results", "i32[n_ops]"), ("message", "str")]),
+    ("GroupDone", ["GROUP_DONE"], [("n_ops", "u32"), ("results", "i32[n_ops]"), ("message", "text")]),
     ("SimulateDone", ["SIMULATE_DONE"], [("estimated_time_us", "f64")]),
     ("Ping", ["PING"], [("token", "str?")]),
-    ("Pong", ["PONG"], [("description", "str")]),
+    ("Pong", ["PONG"], [("description", "text")]),
     ("Shutdown", ["SHUTDOWN"], [("token", "str")]),
     ("ArenaRequest", ["ARENA"], [("comm_handle", "u64")]),
     ("ArenaInfo", ["ARENA_INFO"], [("granted", "u32"), ("rank", "u32"), ("slot_bytes", "u64"),
-                                   ("total_bytes", "u64"), ("path", "str"), ("reason", "str")]),
+                                   ("total_bytes", "u64"), ("path", "str"), ("reason", "text")]),
     ("ProbeSource", ["PROBE_SOURCE"], [("comm_handle", "u64"), ("timeout_ms", "u32"), ("nranks", "u32"),
                                        ("recvs_posted", "u32[nranks]")]),
     ("Source", ["SOURCE"], [("peer", "i32", -1)]),

@@ -18,6 +18,21 @@ from helpers.ranks import run_ranks  # noqa: E402
 from helpers.shim import build_shim, locate_shim  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _environment_kept_per_test():
+    """Each test starts from the environment the session started with. fakegpu's torch backend
+    sets FAKEGPU_REDUCTION_ORDER=gloo in its process when unset (docs/torch.md, "Numerics"); a
+    test that creates one in the pytest process must not hand that order to the rank processes
+    of later tests, which compare with the rank-order reference."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def shim_library(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Path of the libnccl.so.2 to test: FAKEGPU_NCCL_LIBRARY, an installed or ./build copy,

@@ -88,8 +88,10 @@ def test_every_environment_variable_the_code_reads_is_declared_once():
 
 
 # -- the message bodies: spec/wire.py's BODIES against the Python codec ---------------------------
-# (the C++ codecs are generated from BODIES; tests/integration/test_native_c_api.py holds them to
-# tests/vectors/protocol_vectors.json, which test_protocol_codec.py holds the Python codec to).
+# Both codecs are generated from BODIES. These tests encode every body from the spec's field
+# list alone (an independent reading of it) and require fakegpu.protocol, dataclasses included,
+# to read and write those bytes; tests/integration/test_native_c_api.py holds the C++ codecs to
+# tests/vectors/protocol_vectors.json, which test_protocol_codec.py holds the Python codec to.
 
 def _wire_spec():
     import importlib.util
@@ -123,7 +125,7 @@ def _body_by_spec(fields, overrides=None):
         if t in _CODES:
             value = (overrides or {}).get(name, _SAMPLES[t] + (i if t != "f64" else 0))
             body += struct.pack("<" + _CODES[t], value)
-        elif t in ("str", "str?"):
+        elif t in ("str", "text", "str?"):
             value = f"{name} é {i}"
             body += struct.pack("<H", len(value.encode())) + value.encode()
         elif t.startswith("bytes["):

@@ -13,7 +13,7 @@ from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import D_DTYPE, D_FLAGS, D_HANDLE, D_KIND, D_MATCH_SEQ, D_REDOP, D_ROOT
 from fakegpu.coordinator.registry import Client, Comm
 
-from .common import (ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, _ARENA_INFO_FIXED, _EMPTY_STR, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
+from .common import (ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
                      _OPDESC_UNPACK, _U64, frame_bytes, log)
 
 
@@ -74,12 +74,10 @@ class ArenasMixin:
             comm.arena_refusal = refusal
         arena = comm.arena
         if arena is not None:
-            body = (_ARENA_INFO_FIXED.pack(1, member.rank, arena.slot_bytes, arena.total_bytes)
-                    + P.encode_str(arena.path) + _EMPTY_STR)
+            info = P.ArenaInfo(1, member.rank, arena.slot_bytes, arena.total_bytes, arena.path)
         else:
-            body = (_ARENA_INFO_FIXED.pack(0, member.rank, 0, 0) + _EMPTY_STR
-                    + P.encode_str(f"no arena for {comm.label()}: {comm.arena_refusal}", truncate=True))
-        self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, body))
+            info = P.ArenaInfo(0, member.rank, reason=f"no arena for {comm.label()}: {comm.arena_refusal}")
+        self._send(client, frame_bytes(P.ARENA_INFO, frame.request_id, P.encode_body(info)))
 
     def _arena_pending(self, comm: Comm) -> None:
         """Have the I/O layer publish how many collectives of ``comm`` wait here (ARENA_PENDING),

@@ -59,8 +59,6 @@ _OPDESC_ITER = P.OPDESC_STRUCT.iter_unpack
 
 _GROUP_PREFIX = struct.Struct("<II")
 
-_COMM_INFO_FIXED = struct.Struct("<Qii")
-
 _EMPTY_STR = b"\0\0"
 
 _DONE_ONE_OK = struct.pack("<Ii", 1, 0) + _EMPTY_STR
@@ -71,7 +69,6 @@ _LOCAL_OPS_FIXED = struct.Struct("<QII")
 
 _LOCAL_TIMES = struct.Struct("<ddd")
 
-_ARENA_INFO_FIXED = struct.Struct("<IIQQ")
 
 _LOCAL_KINDS = P.LOCAL_KINDS
 
@@ -97,7 +94,7 @@ def frame_bytes(msg_type: int, request_id: int, body: bytes) -> bytes:
     return _HDR.pack(P.MAGIC, P.VERSION, msg_type, request_id, len(body)) + body
 
 def error_frame(request_id: int, result: int, message: str) -> bytes:
-    return frame_bytes(P.ERROR, request_id, struct.pack("<i", result) + P.encode_str(message, truncate=True))
+    return frame_bytes(P.ERROR, request_id, P.encode_body(P.Error(result, message)))
 
 def default_staging_factory(hello, staging_bytes: int):
     """Socket staging: a per-connection buffer. np.zeros is lazily backed by the OS, so

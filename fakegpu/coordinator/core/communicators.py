@@ -3,7 +3,6 @@ happens to a communicator's calls when a member goes away or a rendezvous times 
 """
 from __future__ import annotations
 
-import struct
 from typing import Optional
 
 from fakegpu import protocol as P
@@ -13,7 +12,7 @@ from fakegpu.coordinator.registry import (Client, Comm, InitRendezvous, Member, 
 from fakegpu.coordinator.states import MemberState, RendezvousState
 from fakegpu.topology.model import rank_ranges
 
-from .common import _COMM_INFO_FIXED, frame_bytes, log
+from .common import frame_bytes, log
 
 NCCL_SPLIT_NOCOLOR = -1   # ncclCommSplit's color for "in no new communicator" (nccl.h)
 
@@ -38,8 +37,8 @@ class CommunicatorsMixin:
         self.comms[comm.id] = comm
         return comm
 
-    def _comm_info_frame(self, request_id: int, handle: int, rank: int, ranks_body: bytes, n: int) -> bytes:
-        return frame_bytes(P.COMM_INFO, request_id, _COMM_INFO_FIXED.pack(handle, rank, n) + ranks_body)
+    def _comm_info_frame(self, request_id: int, handle: int, rank: int, global_ranks) -> bytes:
+        return frame_bytes(P.COMM_INFO, request_id, P.encode_body(P.CommInfo(handle, rank, tuple(global_ranks))))
 
     def _comm_init(self, client: Client, frame: P.Frame) -> None:
         msg = P.decode_body(P.COMM_INIT, frame.body)
@@ -89,9 +88,8 @@ class CommunicatorsMixin:
         if self.recording:
             self.flush_records()
             self.recorder.comm_created(comm.record, [now - a[2] for a in arrivals])
-        ranks_body = struct.pack(f"<{comm.nranks}i", *comm.record.global_ranks)
         for m, (c, r_id, _) in zip(comm.members, arrivals):
-            self._send(c, self._comm_info_frame(r_id, m.handle, m.rank, ranks_body, comm.nranks))
+            self._send(c, self._comm_info_frame(r_id, m.handle, m.rank, comm.record.global_ranks))
 
     def _comm_identity_problem(self, clients: list, global_ranks: list) -> Optional[str]:
         """Why these members cannot form a communicator (global ranks of two processes collide,
@@ -155,7 +153,7 @@ class CommunicatorsMixin:
             if a[2] != NCCL_SPLIT_NOCOLOR:
                 by_color.setdefault(a[2], []).append(a)
             else:
-                self._send(a[0].client, self._comm_info_frame(a[1], 0, -1, b"", 0))
+                self._send(a[0].client, self._comm_info_frame(a[1], 0, -1, ()))
         for color in sorted(by_color):
             group = sorted(by_color[color], key=lambda a: (a[3], a[0].rank))
             name = next((a[4] for a in group if a[4]), "")
@@ -163,9 +161,8 @@ class CommunicatorsMixin:
             if self.recording:
                 self.flush_records()
                 self.recorder.comm_created(new.record, [now - a[5] for a in group])
-            ranks_body = struct.pack(f"<{new.nranks}i", *new.record.global_ranks)
             for m, a in zip(new.members, group):
-                self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, ranks_body, new.nranks))
+                self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, new.record.global_ranks))
 
     def _comm_shrink(self, client: Client, frame: P.Frame) -> None:
         """ncclCommShrink: the parent's members minus the excluded ranks (which never call,
@@ -218,9 +215,8 @@ class CommunicatorsMixin:
         self._event("comm_shrink", comm=new.id, name=new.name, parent=comm.id, excluded=list(excluded),
                     excluded_global=[comm.members[r].global_rank for r in excluded],
                     members=list(new.record.global_ranks))
-        ranks_body = struct.pack(f"<{new.nranks}i", *new.record.global_ranks)
         for m, a in zip(new.members, group):
-            self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, ranks_body, new.nranks))
+            self._send(a[0].client, self._comm_info_frame(a[1], m.handle, m.rank, new.record.global_ranks))
 
     def _expire_shrink(self, rdv: ShrinkRendezvous) -> None:
         comm = rdv.comm

@@ -318,7 +318,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
             self._out.append((SEND, conn_id, self._pong(frame.request_id)))
 
     def _pong(self, request_id: int) -> bytes:
-        return frame_bytes(P.PONG, request_id, P.encode_str(json.dumps(self.describe()), truncate=True))
+        return frame_bytes(P.PONG, request_id, P.encode_body(P.Pong(json.dumps(self.describe()))))
 
     def _hello(self, conn_id: int, frame: P.Frame, transport: str, staging_factory) -> None:
         hello = P.decode_body(P.HELLO, frame.body)
