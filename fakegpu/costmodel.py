@@ -70,6 +70,20 @@ LAUNCH_OVERHEAD_S = 10e-6
 # NVLS-tree beyond two nodes: fraction of the rails' rate it reaches (NCCL halves it; the
 # issue-12 figures for 4 and 8 nodes of 8x H100, 366 and 321 GB/s busbw, give ~0.75).
 NVLS_TREE_INTER_SCALE = 0.75
+# NVLS-tree's network pipeline fill: the Simple protocol moves a channel's data between nodes in
+# chunks of NCCL's net step (buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB), and the first chunk
+# crosses every stage of the path (NVLS reduce, the network, NVLS multicast) before the stages
+# overlap. NCCL's tuner leaves this out (it does not change the algorithm chosen). Runs show it as
+# a fixed cost in proportion to the chunk: the full NVLS_TREE_FILL_S at 512 KiB chunks, the chunk
+# halved (down to 64 KiB) while the message is below NVLS_TREE_FILL_DEPTH x channels x chunk, as
+# NCCL shrinks chunks for messages too small to keep every channel's pipeline full. Fitted to
+# two independent 2x8 H100 NDR sweeps, which both sit 145-217 us above the bandwidth term from
+# 128 MB to 4 GB (median 163 us) and about half that at 16 MB (dstack's Nebius example log, the
+# project's DGX log; docs/cost-model.md).
+NET_CHUNK_BYTES = 512 * 1024
+NET_MIN_CHUNK_BYTES = 64 * 1024
+NVLS_TREE_FILL_S = 163e-6
+NVLS_TREE_FILL_DEPTH = 4
 
 KINDS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter", "SendRecv")
 _KIND_BY_KEY = {k.lower(): k for k in KINDS}
@@ -397,12 +411,16 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
                     and count * elem_size >= n / 16.0 * 65536):
                 latency *= RING_PLATEAU
             latency += LAUNCH_OVERHEAD_S
+            if plan.algorithm == "nvls_tree" and proto == "simple":
+                latency += nvls_tree_fill_s(size)
             # A proxy transport handles one message per network step; its host thread is a
             # pipeline stage beside the wire, so the slower of the two sets the pace.
             messages = plan.inter_steps * topology.inter_node.per_message_us * 1e-6
             bw_time = max(bw_time, messages)
             total = latency + bw_time
-            score = latency + max(believed, messages)
+            # NCCL's tuner does not know the pipeline fill: it chooses without it.
+            unknown_to_tuner = nvls_tree_fill_s(size) if plan.algorithm == "nvls_tree" and proto == "simple" else 0.0
+            score = latency - unknown_to_tuner + max(believed, messages)
             candidates[f"{plan.algorithm}/{proto}"] = total
             if best is None or score < best[0]:
                 best = (score, total, latency, bw_time, plan, proto)
@@ -414,6 +432,15 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
         node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
     return Estimate(kind, plan.algorithm, total, latency, bw_time, size, n,
                     transfers, dict(node_bytes), candidates, proto)
+
+
+def nvls_tree_fill_s(nbytes: int) -> float:
+    """NVLS-tree's network pipeline fill for an ``nbytes`` call (Simple protocol), in proportion
+    to the net chunk it runs with (NVLS_TREE_FILL_S at the full 512 KiB)."""
+    chunk = NET_CHUNK_BYTES
+    while nbytes < NVLS_TREE_FILL_DEPTH * NVLS_CHANNELS * chunk and chunk > NET_MIN_CHUNK_BYTES:
+        chunk //= 2
+    return NVLS_TREE_FILL_S * chunk / NET_CHUNK_BYTES
 
 
 def nvls_chunk_bytes(nbytes: int, heads: int, channels: int = NVLS_CHANNELS) -> int:

@@ -56,6 +56,16 @@ _EXTRA = {
     # NVIDIA/nccl-tests issue 153: 2 nodes x 8 H800, eight 100G CX-6 each
     "h800-2node-8gpu-8x100g": _cluster("h800-2x8-100g", 2, 8, "h800", NVLINK4_H800, 8,
                                        "{type: roce, bandwidth_gbps: 100, latency_us: 5}"),
+    # oracle-japan/ocitutorials run-nccltests-h100.md: 2x BM.GPU.H100.8, 16 RDMA ports per node on
+    # RoCEv2 (3.2 Tb/s per node, written as eight 400G NICs)
+    "h100-2node-8gpu-roce-8x400g": _cluster("h100-2x8-roce", 2, 8, "h100", NVLINK4, 8, ROCE400),
+    # coreweave/nccl-tests README: 8 nodes of 8x H100, eight NDR HCAs each, SHARP (CollNet)
+    "h100-8node-8gpu-ib-8x400g-sharp": _cluster("h100-8x8-ndr-sharp", 8, 8, "h100", NVLINK4, 8,
+                                                "{type: infiniband, bandwidth_gbps: 400, latency_us: 5, collnet: true}"),
+    # oracle-japan/ocitutorials run-nccltests.md: 2x BM.GPU4.8 (8x A100 40 GB), 16 RDMA ports per
+    # node on RoCEv2 (1.6 Tb/s per node, written as eight 200G NICs)
+    "a100-2node-8gpu-roce-8x200g": _cluster("a100-2x8-roce", 2, 8, "a100-80gb", NVLINK3, 8,
+                                            "{type: roce, bandwidth_gbps: 200, latency_us: 5}"),
 }
 
 

@@ -3,16 +3,18 @@
 Guards today's level so a change that makes the model less faithful fails. The rows marked
 `heldout` in the CSV's `split` column were added after the model's constants were set and were not
 fitted on (for GCP A3 Mega only the 1 MB and 8 GB rows fix its YAML's per-message cost and
-efficiency; the twelve sizes between are held out). On all 130 points 73 % are within 15 %,
-76 % within 20 % and 88 % within 30 %, median |error| 6.2 % (before NVLS chunking and NCCL's
-multi-node tree shape: 71 / 73 / 87 %, 7.3 %); on the 20 held-out points 85 % within 20 % and
-95 % within 30 %, median 3.9 % (before: 80 %, 85 %, 3.1 %). The 72 Azure rows (8x H100, 8x H200, 8x A100, 1 KB .. 8 GB) set the launch
+efficiency; the twelve sizes between are held out). On all 149 points 78 % are within 20 %,
+median |error| 5.9 % (before NVLS-tree's pipeline fill, on the same points: 77 %, 6.3 %); on
+the 31 held-out points 90 % within 20 %, median 4.6 % (before: 90 %, 4.8 %). The Nebius 2x8 H100
+sweep fits the fill (its 16 MB / 128 MB rows were +79 / +29 % before, +6 / +1 % now); the OCI
+2x8 H100 RoCE and CoreWeave 8x8 H100 SHARP rows came after it. The 72 Azure rows (8x H100, 8x H200, 8x A100, 1 KB .. 8 GB) set the launch
 overhead and the channel rule's constant: 64 % within 15 % (before the channel rule: 40 %).
 Known gaps, kept in the table on purpose: broadcast on 8x H100 (+58 %), A3 Mega TCPXO at
 32-64 MB (+18 / +27 %), 8x H200 (NCCL 2.20.5) at 32-512 KB (-29 %, flat ~31 us where the
 2.18.5 H100 run climbs to 42 us), AllGather on 32x8 H100 RoCE (+60 %), 2x1 H100 with four NICs at 2-4 MB
 (+33..59 %), 8x A100 on Azure below 16 KB (+50..140 %, its latency floor is twice the other
-A100 source's) and at 2-128 MB (+20..55 %).
+A100 source's) and at 2-128 MB (+20..55 %), 2x8 A100 over 16x 100G RoCE at 10 GiB (-19 %),
+CollNet (SHARP) on 8x8 H100 at 512 MB - 1 GB (+13..16 %), 2x8 H100 NDR at 1 MB (+63 %).
 """
 from __future__ import annotations
 
@@ -40,10 +42,23 @@ def test_model_against_published_nccl_tests():
         sweep = [abs(r["error"]) for r in table if f"Azure ND {gpu} v5" in r["hardware"]]
         assert len(sweep) == 24
         assert sum(e <= 0.15 for e in sweep) >= 13 and sum(e <= 0.30 for e in sweep) >= 22, (gpu, sweep)
-    # large allreduces on NVLink (SXM) systems, one node or several, stay within 12 %
+    # large allreduces on NVLink (SXM) systems, one node or several, stay within 12 %; with the
+    # network switches reducing (SHARP, CollNet) within 20 %
     big = [r for r in table if int(r["size_bytes"]) >= 1 << 30 and "SXM" in r["hardware"] and r["op"] == "allreduce"]
-    assert len(big) >= 12
+    collnet = [r for r in big if "CollNet" in r["env"]]
+    # a known gap, kept visible in the table: 2x8 A100 over 16x 100G RoCE (OCI) reaches 223 GB/s,
+    # above what the model's ring (180) or tree (169) gives that network
+    known_gap = [r for r in big if "OCI BM.GPU4.8" in r["hardware"]]
+    assert [round(r["error"], 2) for r in known_gap] == [-0.19]
+    big = [r for r in big if r not in collnet and r not in known_gap]
+    assert len(big) >= 12 and len(collnet) >= 4
     assert all(abs(r["error"]) <= 0.12 for r in big), [(r["hardware"], r["error"]) for r in big]
+    assert all(abs(r["error"]) <= 0.20 for r in collnet), [(r["hardware"], r["error"]) for r in collnet]
+    # 2x8 H100 over NDR / RoCE from 16 MB up: NVLS-tree's pipeline fill keeps mid sizes within 10 %
+    mid = [r for r in table if r["hardware"].startswith("2x8 H100 SXM") and "A3 Mega" not in r["hardware"]
+           and int(r["size_bytes"]) >= 16 << 20]
+    assert len(mid) >= 15
+    assert all(abs(r["error"]) <= 0.10 for r in mid), [(r["hardware"], r["size_bytes"], r["error"]) for r in mid]
 
 
 def test_every_source_is_public_or_marked():
