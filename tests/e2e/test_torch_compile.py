@@ -33,10 +33,18 @@ def _port(tmp_path: Path, shim_library: str, nproc: int = 2) -> list[dict]:
     out.mkdir()
     env = fgpu_env(shim_library)
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(nproc), str(PROGRAMS / "compile_cpu.py"), str(out), COMPILE, "gloo"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    # The reference is plain torch on CPU + gloo (no fakegpu in its processes). On a loaded
+    # machine torch's own gloo teardown now and then aborts a rank ("terminate called without an
+    # active exception") after the outputs are saved, and torchrun then stops the other rank:
+    # that is torch's, not what this test is about, so the reference is computed again (at most
+    # three tries); any other failure fails the test at once.
+    for attempt in range(3):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(nproc), str(PROGRAMS / "compile_cpu.py"), str(out), COMPILE, "gloo"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
+            break
     assert done.returncode == 0, done.stderr[-5000:]
     return _load(out, nproc)
 
