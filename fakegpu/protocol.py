@@ -317,12 +317,13 @@ Message = Union[Hello, HelloOk, Error, Ok, CommInit, CommInfo, CommSplit, CommSh
 
 # --------------------------------------------------------------------------- encoding
 
-_U32 = struct.Struct("<I")
-_GROUP_PREFIX = struct.Struct("<II")   # the head of GROUP / SIMULATE / ACCOUNT, read in place by the parser
-_LOCAL_OPS_FIXED = struct.Struct("<QII")
-_LOCAL_TIMES = struct.Struct("<ddd")
-# Fixed part of one LOCAL_OPS record: the OpDesc and three f64 times (the waits follow).
-LOCAL_RECORD_FIXED = OPDESC_SIZE + _LOCAL_TIMES.size
+# The head of GROUP / SIMULATE / ACCOUNT (u32 n_ops, u32 flags), read in place by the parser
+# and the coordinator; generated from spec/wire.py like every body.
+GROUP_HEAD = _bodies.GROUP_HEAD_0
+LOCAL_OPS_HEAD = _bodies.LOCAL_OPS_0   # u64 comm_handle, u32 n_records, u32 nranks
+# LOCAL_OPS as plain fields, (comm_handle, nranks, records of (OpDesc tuple, started_at,
+# rendezvous_s, execution_s, arrival waits)): the coordinator's path, without dataclasses.
+decode_local_ops_fields = _bodies.decode_local_ops
 
 
 def encode_header(msg_type: int, request_id: int, body_len: int) -> bytes:
@@ -336,28 +337,12 @@ def encode_body(msg: Message) -> bytes:
         return head + bytes(msg.payload) if t == GROUP else head
     if t == GROUP_DONE:
         return _bodies.encode_group_done(msg) + bytes(msg.payload)
-    if t == LOCAL_OPS:
-        return _encode_local_ops(msg)
     if t == OK:
         return b""
     codec = _bodies.CODECS.get(t)
     if codec is None:
         raise ProtocolError(f"cannot encode unknown message {msg!r}")
     return codec[0](msg)
-
-
-def _encode_local_ops(msg: "LocalOps") -> bytes:
-    records = tuple(msg.records)
-    parts = [_pack(_LOCAL_OPS_FIXED, "LOCAL_OPS", msg.comm_handle, len(records), msg.nranks)]
-    waits = struct.Struct(f"<{msg.nranks}d")
-    for i, rec in enumerate(records):
-        if len(rec.arrival_wait_s) != msg.nranks:
-            raise ProtocolError(f"LOCAL_OPS record {i} has {len(rec.arrival_wait_s)} arrival waits, "
-                                f"nranks is {msg.nranks}")
-        parts.append(rec.desc.pack())
-        parts.append(_pack(_LOCAL_TIMES, "LOCAL_OPS times", rec.started_at, rec.rendezvous_s, rec.execution_s))
-        parts.append(_pack(waits, "LOCAL_OPS arrival_wait_s", *rec.arrival_wait_s))
-    return b"".join(parts)
 
 
 def encode_frame(msg: Message, request_id: int = 0) -> bytes:
@@ -378,22 +363,8 @@ def decode_ops(r: _Reader, n_ops: int) -> tuple:
     return ops
 
 
-def decode_local_ops(r: _Reader) -> "LocalOps":
-    handle, n_records, nranks = r.unpack(_LOCAL_OPS_FIXED, "comm_handle/n_records/nranks")
-    record_len = LOCAL_RECORD_FIXED + 8 * nranks
-    # Check the declared size before building anything (a hostile count must fail fast).
-    r.need(n_records * record_len, f"{n_records} records of {nranks} ranks")
-    waits = struct.Struct(f"<{nranks}d")
-    records = []
-    buf, pos = r.buf, r.pos
-    for _ in range(n_records):
-        desc = OpDesc.unpack_from(buf, pos)
-        started, rendezvous, execution = _LOCAL_TIMES.unpack_from(buf, pos + OPDESC_SIZE)
-        records.append(LocalOpRecord(desc, started, rendezvous, execution,
-                                     waits.unpack_from(buf, pos + LOCAL_RECORD_FIXED)))
-        pos += record_len
-    r.pos = pos
-    return LocalOps(handle, nranks, tuple(records))
+def _local_ops(comm_handle: int, nranks: int, records: tuple) -> "LocalOps":
+    return LocalOps(comm_handle, nranks, tuple(LocalOpRecord(OpDesc(*desc), *rest) for desc, *rest in records))
 
 
 # message type -> its dataclass, for the bodies decoded by wire_bodies.
@@ -421,7 +392,7 @@ def decode_body(msg_type: int, body) -> Message:
         results, message = _bodies.decode_group_done(r)
         msg = GroupDone(tuple(results), message, r.rest())
     elif msg_type == LOCAL_OPS:
-        msg = decode_local_ops(r)
+        msg = _local_ops(*_bodies.decode_local_ops(r))
     elif msg_type == OK:
         msg = Ok()
     else:
@@ -506,7 +477,7 @@ class FrameParser:
         if msg_type == SIMULATE or msg_type == ACCOUNT:
             limit = min(limit, MAX_DESCRIPTOR_BYTES + 8)
         elif msg_type == LOCAL_OPS:
-            limit = min(limit, MAX_DESCRIPTOR_BYTES + _LOCAL_OPS_FIXED.size)
+            limit = min(limit, MAX_DESCRIPTOR_BYTES + LOCAL_OPS_HEAD.size)
         if body_len > limit:
             raise ProtocolError(
                 f"{MESSAGE_NAMES[msg_type]} body_len {body_len} exceeds the limit of {limit} bytes")
@@ -561,7 +532,8 @@ class FrameParser:
             magic, version, msg_type, rid, body_len = HEADER.unpack_from(data, 0)
             if len(data) == HEADER_SIZE + body_len and (
                     msg_type != GROUP or self.payload_router is None
-                    or (body_len >= 8 and body_len == 8 + OPDESC_SIZE * _U32.unpack_from(data, HEADER_SIZE)[0])):
+                    or (body_len >= GROUP_HEAD.size
+                        and body_len == GROUP_HEAD.size + OPDESC_SIZE * GROUP_HEAD.unpack_from(data, HEADER_SIZE)[0])):
                 self._check_header(magic, version, msg_type, body_len, rid)
                 return [Frame(msg_type, rid, bytes(data[HEADER_SIZE:]))]
         frames: list = []
@@ -589,7 +561,7 @@ class FrameParser:
                 # Route the payload once the descriptor table is in.
                 if avail < 8:
                     break
-                n_ops, _flags = _GROUP_PREFIX.unpack_from(buf, pos)
+                n_ops, _flags = GROUP_HEAD.unpack_from(buf, pos)
                 desc_end = 8 + n_ops * OPDESC_SIZE
                 if desc_end - 8 > MAX_DESCRIPTOR_BYTES:
                     raise ProtocolError(
@@ -643,7 +615,7 @@ def group_payload_layout(prefix: bytes, payload_len: int, region_bytes: int) -> 
     """
     import numpy as np  # here: the admin client (--ping) imports this module without numpy work
 
-    n_ops = _GROUP_PREFIX.unpack_from(prefix, 0)[0]
+    n_ops = GROUP_HEAD.unpack_from(prefix, 0)[0]
     if len(prefix) < 8 + n_ops * OPDESC_SIZE:
         raise ProtocolError(f"GROUP declares {n_ops} ops but its descriptor table is truncated")
     if n_ops == 0:

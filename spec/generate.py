@@ -16,6 +16,9 @@ import struct
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_bodies import Bodies, cpp_messages, py_bodies  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CPP_OUT = ROOT / "native" / "src" / "generated" / "wire_spec.h"
 CPP_MESSAGES_OUT = ROOT / "native" / "src" / "generated" / "wire_messages.h"
@@ -72,6 +75,17 @@ def offsets(fields):
     return out, pos
 
 
+def arena_record_offsets(spec) -> list:
+    """(field, offset) of an arena rank record; an OpDesc is OPDESC's size."""
+    out, pos = [], 0
+    for name, t in spec.ARENA_RECORD:
+        out.append((name, pos))
+        pos += offsets(spec.OPDESC)[1] if t == "OpDesc" else wire_size(t)
+    if pos > spec.ARENA_RECORD_BYTES:
+        raise SystemExit(f"spec/wire.py: ARENA_RECORD needs {pos} bytes, ARENA_RECORD_BYTES is {spec.ARENA_RECORD_BYTES}")
+    return out
+
+
 def check(spec) -> None:
     """Refuses a spec that contradicts itself (duplicate codes, holes in the OpDesc)."""
     for what, rows in (("MESSAGES", spec.MESSAGES), ("KINDS", spec.KINDS), ("DATATYPES", spec.DATATYPES),
@@ -89,276 +103,10 @@ def check(spec) -> None:
     _, opdesc = offsets(spec.OPDESC)
     if header != 16 or opdesc % 8:
         raise SystemExit(f"spec/wire.py: header is {header} bytes (must be 16), OpDesc {opdesc} (a multiple of 8)")
+    Bodies(spec)  # BODIES and RECORDS
 
 
 # ------------------------------------------------------------------------- C++ message codecs
-
-CPP_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i32": "int32_t", "u64": "uint64_t",
-             "f64": "double"}
-
-
-def body_field(field):
-    """(name, kind, element type, size or count field, default) of one BODIES field, where kind is
-    scalar, str, optional_str, bytes or array."""
-    name, t = field[0], field[1]
-    default = field[2] if len(field) > 2 else None
-    if t in CPP_TYPES:
-        return name, "scalar", t, None, default
-    if t in ("str", "text", "str?"):
-        return name, {"str": "str", "text": "text", "str?": "optional_str"}[t], None, None, default
-    m = re.fullmatch(r"bytes\[(\d+)\]", t)
-    if m:
-        return name, "bytes", None, int(m.group(1)), default
-    m = re.fullmatch(r"(u8|u16|u32|i32|u64|f64)\[([a-z_]+)\]", t)
-    if m:
-        return name, "array", m.group(1), m.group(2), default
-    raise SystemExit(f"spec/wire.py: BODIES: unknown field type {t!r} of {name}")
-
-
-def check_bodies(spec) -> None:
-    types = {m[1] for m in spec.MESSAGES}
-    for struct_name, messages, fields in spec.BODIES:
-        for m in messages:
-            if m not in types:
-                raise SystemExit(f"spec/wire.py: BODIES {struct_name}: no message {m}")
-        seen, counts = [], set()
-        for i, f in enumerate(fields):
-            name, kind, _, extra, _ = body_field(f)
-            if kind == "array":
-                if extra not in seen:
-                    raise SystemExit(f"spec/wire.py: BODIES {struct_name}.{name}: its count {extra} must come first")
-                counts.add(extra)
-            if kind == "optional_str" and i != len(fields) - 1:
-                raise SystemExit(f"spec/wire.py: BODIES {struct_name}.{name}: an optional str must be last")
-            seen.append(name)
-
-
-def body_members(fields):
-    """The fields that are struct members: all but the array counts."""
-    counts = {body_field(f)[3] for f in fields if body_field(f)[1] == "array"}
-    return [f for f in fields if f[0] not in counts]
-
-
-def cpp_member(field) -> str:
-    name, kind, elem, extra, default = body_field(field)
-    if kind == "scalar":
-        return f"  {CPP_TYPES[elem]} {name} = {default if default is not None else 0};"
-    if kind in ("str", "text", "optional_str"):
-        return f"  std::string {name};"
-    if kind == "bytes":
-        return f"  uint8_t {name}[{extra}] = {{}};"
-    return f"  std::vector<{CPP_TYPES[elem]}> {name};"
-
-
-def cpp_encode(struct_name, fields) -> list:
-    arrays = {body_field(f)[3]: f[0] for f in fields if body_field(f)[1] == "array"}
-    out = [f"inline void encode(Writer& w, const {struct_name}& m) {{"]
-    for f in fields:
-        name, kind, elem, extra, _ = body_field(f)
-        if name in arrays:
-            out.append(f"  w.{elem}(static_cast<{CPP_TYPES[elem]}>(m.{arrays[name]}.size()));")
-        elif kind == "scalar":
-            out.append(f"  w.{elem}(m.{name});")
-        elif kind in ("str", "text"):  # Writer::str cuts any string at the u16 limit
-            out.append(f"  w.str(m.{name});")
-        elif kind == "optional_str":
-            out.append(f"  if (!m.{name}.empty()) w.str(m.{name});")
-        elif kind == "bytes":
-            out.append(f"  w.raw(m.{name}, {extra});")
-        else:
-            out.append(f"  for ({CPP_TYPES[elem]} v : m.{name}) w.{elem}(v);")
-    out.append("}")
-    return out
-
-
-def cpp_decode(struct_name, fields) -> list:
-    arrays = {body_field(f)[3]: f[0] for f in fields if body_field(f)[1] == "array"}
-    out = [f"inline bool decode(Reader& r, {struct_name}* m) {{"]
-    for f in fields:
-        name, kind, elem, extra, _ = body_field(f)
-        if name in arrays:
-            out.append(f"  {CPP_TYPES[elem]} {name};")
-            out.append(f"  if (!r.{elem}(&{name})) return false;")
-            if elem == "i32":
-                out.append(f"  if ({name} < 0) return false;")
-        elif kind == "scalar":
-            out.append(f"  if (!r.{elem}(&m->{name})) return false;")
-        elif kind in ("str", "text"):
-            out.append(f"  if (!r.str(&m->{name})) return false;")
-        elif kind == "optional_str":
-            out.append(f"  m->{name}.clear();")
-            out.append(f"  if (r.remaining() != 0 && !r.str(&m->{name})) return false;")
-        elif kind == "bytes":
-            out.append(f"  if (!r.raw(m->{name}, {extra})) return false;")
-        else:
-            size = WIRE_SIZES[elem]
-            out.append(f"  // Checked against the body before allocating (a division: a hostile count cannot overflow).")
-            out.append(f"  if (static_cast<uint64_t>({extra}) > r.remaining() / {size}) return false;")
-            out.append(f"  m->{name}.resize({extra});")
-            out.append(f"  for ({CPP_TYPES[elem]}& v : m->{name})")
-            out.append(f"    if (!r.{elem}(&v)) return false;")
-    out += ["  return true;", "}"]
-    return out
-
-
-def cpp_messages(spec) -> str:
-    check_bodies(spec)
-    out = [
-        "// Generated by spec/generate.py from spec/wire.py (OPDESC, BODIES): do not edit.",
-        "// The message structs and their codecs; included by wire/protocol.h after Writer and Reader.",
-        "#pragma once",
-        "",
-        "#include <cstdint>",
-        "#include <cstring>",
-        "#include <string>",
-        "#include <vector>",
-        "",
-        "namespace fakegpu::proto {",
-        "",
-        "// The 88-byte operation descriptor.",
-        "struct OpDesc {",
-    ]
-    for name, t, _, _ in spec.OPDESC:
-        default = spec.OPDESC_DEFAULTS.get(name, 0)
-        m = re.fullmatch(r"u8\[(\d+)\]", t)
-        out.append(f"  uint8_t {name}[{m.group(1)}] = {{}};" if m else f"  {CPP_TYPES[t]} {name} = {default};")
-    out += ["};", "", "// Writes exactly kOpDescSize bytes at `o` (hot path: no vector growth).",
-            "inline void encode_opdesc(uint8_t* o, const OpDesc& d) {"]
-    pos = 0
-    for name, t, _, _ in spec.OPDESC:
-        size = wire_size(t)
-        out.append(f"  memcpy(o + {pos}, {'' if '[' in t else '&'}d.{name}, {size});")
-        pos += size
-    out += ["}", "", "inline bool decode_opdesc(Reader& r, OpDesc* d) {", "  return"]
-    parts = []
-    for name, t, _, _ in spec.OPDESC:
-        parts.append(f"r.raw(d->{name}, {wire_size(t)})" if "[" in t else f"r.{t}(&d->{name})")
-    out.append("      " + " &&\n      ".join(parts) + ";")
-    out += ["}", ""]
-    for struct_name, messages, fields in spec.BODIES:
-        counts = [f[0] for f in fields if f not in body_members(fields)]
-        note = f"; {', '.join(counts)} on the wire is the array's length" if counts else ""
-        out.append(f"// {' / '.join(messages)}{note}.")
-        out.append(f"struct {struct_name} {{")
-        out += [cpp_member(f) for f in body_members(fields)]
-        out += ["};"]
-        out += cpp_encode(struct_name, fields)
-        out += cpp_decode(struct_name, fields)
-        out.append("")
-    out += ["}  // namespace fakegpu::proto", ""]
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------- Python message codecs
-
-def snake(struct_name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", struct_name).lower()
-
-
-def py_layout(fields):
-    """The body as runs: ("run", [fields]) of consecutive fixed-size values, or one other field."""
-    items, run = [], []
-    for f in fields:
-        kind = body_field(f)[1]
-        if kind == "scalar":
-            run.append(f)
-            continue
-        if run:
-            items.append(("run", run))
-            run = []
-        items.append((kind, f))
-    if run:
-        items.append(("run", run))
-    return items
-
-
-def py_bodies(spec) -> str:
-    check_bodies(spec)
-    out = ['"""Generated by spec/generate.py from spec/wire.py (BODIES): do not edit.',
-           "",
-           "Each message body's encoder and decoder: ``encode_<body>(m)`` reads the members from any object",
-           "that has them as attributes (an array's count is its length) and returns the bytes;",
-           "``decode_<body>(r)`` reads them from a fakegpu.wire_io.Reader and returns the members in order.",
-           "``CODECS`` maps a message type to its (encode, decode); fakegpu/protocol.py wraps them.",
-           '"""',
-           "from __future__ import annotations",
-           "",
-           "import struct",
-           "",
-           "from fakegpu.wire_io import ProtocolError, Reader, encode_str, pack",
-           "",
-           "",
-           "def _fixed(value, size: int, what: str) -> bytes:",
-           "    raw = bytes(value)",
-           "    if len(raw) != size:",
-           '        raise ProtocolError(f"{what} must be {size} bytes, got {len(raw)}")',
-           "    return raw",
-           ""]
-    codecs = []
-    for struct_name, messages, fields in spec.BODIES:
-        fn = snake(struct_name)
-        what = messages[0] if len(messages) == 1 else " / ".join(messages)
-        arrays = {body_field(f)[3]: f[0] for f in fields if body_field(f)[1] == "array"}
-        layout = py_layout(fields)
-        consts = []
-        for i, (kind, item) in enumerate(layout):
-            if kind == "run":
-                code = "".join(STRUCT_CODES[body_field(f)[2]] for f in item)
-                consts.append(f"_{fn.upper()}_{i} = struct.Struct(\"<{code}\")")
-        out += [""] + consts + ["", ""]
-        # encoder
-        out.append(f"def encode_{fn}(m) -> bytes:")
-        for count, array in arrays.items():
-            out.append(f"    {array} = tuple(m.{array})")
-        parts = []
-        for i, (kind, item) in enumerate(layout):
-            if kind == "run":
-                values = ", ".join(f"len({arrays[f[0]]})" if f[0] in arrays else f"m.{f[0]}" for f in item)
-                parts.append(f"pack(_{fn.upper()}_{i}, \"{what}\", {values})")
-            else:
-                name, _, elem, extra, _ = body_field(item)
-                if kind == "str":
-                    parts.append(f"encode_str(m.{name})")
-                elif kind == "text":
-                    parts.append(f"encode_str(m.{name}, truncate=True)")
-                elif kind == "optional_str":
-                    parts.append(f"(encode_str(m.{name}) if m.{name} else b\"\")")
-                elif kind == "bytes":
-                    parts.append(f"_fixed(m.{name}, {extra}, \"{what} {name}\")")
-                else:
-                    parts.append(f"pack(struct.Struct(f\"<{{len({name})}}{STRUCT_CODES[elem]}\"), "
-                                 f"\"{what} {name}\", *{name})")
-        if len(parts) > 1:
-            out.append("    return (" + "\n            + ".join(parts) + ")")
-        else:
-            out.append("    return " + (parts[0] if parts else 'b""'))
-        out += ["", ""]
-        # decoder
-        out.append(f"def decode_{fn}(r: Reader) -> tuple:")
-        for i, (kind, item) in enumerate(layout):
-            if kind == "run":
-                names = [f[0] for f in item]
-                target = ", ".join(names) + ("," if len(names) == 1 else "")
-                out.append(f"    {target} = r.unpack(_{fn.upper()}_{i}, \"{'/'.join(names)}\")")
-            else:
-                name, _, elem, extra, _ = body_field(item)
-                if kind in ("str", "text"):
-                    out.append(f"    {name} = r.str(\"{name}\")")
-                elif kind == "optional_str":
-                    out.append(f"    {name} = r.str(\"{name}\") if r.remaining() else \"\"")
-                elif kind == "bytes":
-                    out.append(f"    {name} = r.raw({extra}, \"{name}\")")
-                else:
-                    out.append(f"    {name} = r.array(\"{STRUCT_CODES[elem]}\", {WIRE_SIZES[elem]}, {extra}, \"{name}\")")
-        members = [f[0] for f in body_members(fields)]
-        out.append("    return (" + ", ".join(members) + ("," if len(members) == 1 else "") + ")")
-        out += [""]
-        codecs += [(code, name, fn) for code, name, *_ in spec.MESSAGES for m in messages if name == m]
-    out += ["", "# message type -> (encode, decode)", "CODECS = {"]
-    out += [f"    {code}: (encode_{fn}, decode_{fn}),  # {name}" for code, name, fn in sorted(codecs)]
-    out += ["}", ""]
-    return "\n".join(out)
-
 
 # --------------------------------------------------------------------------------------- C++
 
@@ -492,7 +240,9 @@ def cpp(spec) -> str:
     out += [f"constexpr size_t kRecordsAt = {spec.ARENA_RECORDS_AT};",
             f"constexpr size_t kRecordBlock = {spec.ARENA_RECORD_BLOCK};",
             f"constexpr size_t kRecordBytes = {spec.ARENA_RECORD_BYTES};",
-            "",
+            "// A rank record's fields, from the record's start."]
+    out += [f"constexpr size_t kRecordOff{camel(name)} = {off};" for name, off in arena_record_offsets(spec)]
+    out += ["",
             "}  // namespace fakegpu::arena_layout",
             ""]
     return "\n".join(out)
@@ -589,6 +339,7 @@ def python(spec) -> str:
             const("ARENA_RECORDS_AT", spec.ARENA_RECORDS_AT),
             const("ARENA_RECORD_BLOCK", spec.ARENA_RECORD_BLOCK),
             const("ARENA_RECORD_BYTES", spec.ARENA_RECORD_BYTES)]
+    out += [const(f"ARENA_RECORD_OFF_{name.upper()}", off) for name, off in arena_record_offsets(spec)]
     out += ["", "__all__ = [" + ", ".join(repr(n) for n in names) + "]", ""]
     return "\n".join(out)
 

@@ -138,6 +138,9 @@ ARENA_HEADER = [("magic", "u32", 0), ("version", "u32", 4), ("nranks", "u32", 8)
 ARENA_RECORDS_AT = 4096       # rank r's 256-byte block (two 128-byte records, one per round parity)
 ARENA_RECORD_BLOCK = 256
 ARENA_RECORD_BYTES = 128
+# One rank's record for a round parity, in order from its start (padded to ARENA_RECORD_BYTES):
+# the round it is in, when it arrived (epoch seconds) and its call (the OpDesc of the first round).
+ARENA_RECORD = [("round", "u64"), ("arrival", "f64"), ("desc", "OpDesc")]
 
 # OpDesc fields whose default is not 0 (C++ struct initialisers, Python dataclass defaults).
 OPDESC_DEFAULTS = {"root": -1, "match_seq": 1, "step_total": 1}
@@ -150,8 +153,18 @@ OPDESC_DEFAULTS = {"root": -1, "match_seq": 1, "step_total": 1}
 #   str? - a str that is left out, body and all, when empty (PING's optional token);
 #   bytes[N] - N raw bytes;  T[count] - an array of T whose length is the earlier field
 #   `count`, which is not a member of its own (its value is the array's length).
-# GROUP / SIMULATE / ACCOUNT continue with OpDesc[n_ops] and GROUP_DONE with the payload;
-# LOCAL_OPS (records of an OpDesc, three f64 and nranks f64 each) is written by hand.
+#   Rec[count] - an array of the records RECORDS declares. A record's field may be an OpDesc,
+#   a scalar or an array sized by a field of the enclosing body (that field then stays a member
+#   of the body, and every record carries exactly that many values).
+# GROUP / SIMULATE / ACCOUNT continue with OpDesc[n_ops] and GROUP_DONE with the payload.
+# Bodies of scalars that the shim writes into a frame it assembles in place (a hot path): they
+# also get their byte size and encode_into(uint8_t*, const Body&) in C++.
+WRITTEN_IN_PLACE = ["GroupHead"]
+RECORDS = [
+    # One call run in an arena as comm rank 0 saw it; the waits are in comm rank order.
+    ("LocalOpRecord", [("desc", "OpDesc"), ("started_at", "f64"), ("rendezvous_s", "f64"), ("execution_s", "f64"),
+                       ("arrival_wait_s", "f64[nranks]")]),
+]
 BODIES = [
     ("Hello", ["HELLO"], [("flags", "u32"), ("global_rank", "i32", -1), ("local_rank", "i32", -1),
                           ("world_size", "i32", -1), ("pid", "u32"), ("staging_bytes", "u64"), ("token", "str"),
@@ -178,4 +191,6 @@ BODIES = [
     ("ProbeSource", ["PROBE_SOURCE"], [("comm_handle", "u64"), ("timeout_ms", "u32"), ("nranks", "u32"),
                                        ("recvs_posted", "u32[nranks]")]),
     ("Source", ["SOURCE"], [("peer", "i32", -1)]),
+    ("LocalOps", ["LOCAL_OPS"], [("comm_handle", "u64"), ("n_records", "u32"), ("nranks", "u32"),
+                                 ("records", "LocalOpRecord[n_records]")]),
 ]

@@ -201,6 +201,22 @@ bool same_op(const OpDesc& a, const OpDesc& b) {
 
 // Encodes the vector's fields into a body; decodes `body` and compares with the fields.
 // Returns false for a type this test does not know.
+// The shim reads a GROUP_DONE head from the socket as the decoder asks for it (Reader::shortfall):
+// from nothing, each failed decode must name exactly the bytes still missing, and the rounds
+// must end with the whole head read and not one byte of the payload.
+static bool streamed_head_is_exact(const std::vector<uint8_t>& body, size_t head_len) {
+  std::vector<uint8_t> have;
+  for (int round = 0; round < 8; round++) {
+    Reader r(have.data(), have.size());
+    GroupDone d;
+    if (decode(r, &d)) return have.size() == head_len;
+    const uint64_t more = r.shortfall();
+    if (more == 0 || have.size() + more > head_len) return false;
+    have.insert(have.end(), body.begin() + have.size(), body.begin() + have.size() + more);
+  }
+  return false;
+}
+
 bool check_body(const std::string& name, uint16_t type, const Json& f, const std::vector<uint8_t>& body,
                 std::vector<uint8_t>* encoded) {
   Writer w(encoded);
@@ -324,6 +340,7 @@ bool check_body(const std::string& name, uint16_t type, const Json& f, const std
       GroupDone d;
       decoded = decode(r, &d) && d.results == m.results && d.message == m.message &&
                 m.results.size() == f["n_ops"].u() && r.remaining() == payload.size();
+      decoded = decoded && streamed_head_is_exact(body, body.size() - payload.size());
       break;
     }
     case kSimulateDone: {

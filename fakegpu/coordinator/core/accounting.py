@@ -3,7 +3,6 @@ are built from.
 """
 from __future__ import annotations
 
-import struct
 from typing import Optional
 
 from fakegpu import protocol as P
@@ -87,7 +86,7 @@ class AccountingMixin:
             except Exception as exc:
                 self._error(client, rid, P.NCCL_INTERNAL_ERROR, f"SIMULATE op {i}: cost model failed: {exc}")
                 return
-        self._send(client, frame_bytes(P.SIMULATE_DONE, rid, struct.pack("<d", total * 1e6)))
+        self._send(client, frame_bytes(P.SIMULATE_DONE, rid, P.encode_body(P.SimulateDone(total * 1e6))))
 
     def _record_collective(self, slot: Slot, steps: list, first: tuple, dt, t0: float, t1: float) -> None:
         comm = slot.comm

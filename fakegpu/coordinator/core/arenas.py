@@ -4,7 +4,6 @@ and accounted.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Optional
 
 from fakegpu import protocol as P
@@ -13,8 +12,8 @@ from fakegpu.common.dtypes import DTYPES
 from fakegpu.coordinator.matching import D_DTYPE, D_FLAGS, D_HANDLE, D_KIND, D_MATCH_SEQ, D_REDOP, D_ROOT
 from fakegpu.coordinator.registry import Client, Comm
 
-from .common import (ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, _LOCAL_KINDS, _LOCAL_OPS_FIXED, _LOCAL_TIMES,
-                     _OPDESC_UNPACK, _U64, frame_bytes, log)
+from .common import (ARENA_CLOSE, ARENA_CLOSING, ARENA_FAILED, ARENA_PENDING, _LOCAL_KINDS,
+                     frame_bytes, log)
 
 
 class ArenasMixin:
@@ -47,9 +46,7 @@ class ArenasMixin:
 
     def _arena(self, client: Client, frame: P.Frame) -> None:
         """ARENA: the communicator's arena, created by the first request of any member."""
-        if len(frame.body) != 8:
-            raise P.ProtocolError(f"ARENA body is {len(frame.body)} bytes, expected 8")
-        (handle,) = _U64.unpack(frame.body)
+        handle = P.decode_body(P.ARENA, frame.body).comm_handle
         member = self._own_member(client, handle, "ARENA", frame.request_id)
         if member is None:
             return
@@ -111,14 +108,11 @@ class ArenasMixin:
         """LOCAL_OPS: comm rank 0's report of calls the ranks ran in their arena. Each is
         recorded like a collective matched here. Never answered; anything malformed is a
         protocol error (the connection closes)."""
-        body = frame.body
-        if len(body) < _LOCAL_OPS_FIXED.size:
-            raise P.ProtocolError(f"LOCAL_OPS body of {len(body)} bytes is shorter than its 16-byte prefix")
-        handle, n_records, nranks = _LOCAL_OPS_FIXED.unpack_from(body, 0)
-        record_len = P.LOCAL_RECORD_FIXED + 8 * nranks
-        if len(body) != _LOCAL_OPS_FIXED.size + n_records * record_len:
-            raise P.ProtocolError(f"LOCAL_OPS declares {n_records} records of {nranks} ranks "
-                                  f"({n_records * record_len} bytes) but its body holds {len(body) - 16}")
+        # The generated decoder checks every size against the body before building anything.
+        r = P.Reader(frame.body, "LOCAL_OPS")
+        handle, nranks, records = P.decode_local_ops_fields(r)
+        r.done()
+        n_records = len(records)
         member = self.handles.get(handle)
         if member is None or member.client is not client:
             if self._freed.get(handle) is client:
@@ -133,25 +127,17 @@ class ArenasMixin:
             raise P.ProtocolError(f"LOCAL_OPS for {comm.label()} says nranks {nranks}")
         if comm.arena is None:
             raise P.ProtocolError(f"LOCAL_OPS for {comm.label()}, which has no arena")
-        waits_st = struct.Struct(f"<{nranks}d")
-        records = []
-        pos = _LOCAL_OPS_FIXED.size
-        for i in range(n_records):
-            d = _OPDESC_UNPACK(body, pos)
-            times = _LOCAL_TIMES.unpack_from(body, pos + P.OPDESC_SIZE)
-            waits = waits_st.unpack_from(body, pos + P.LOCAL_RECORD_FIXED)
-            pos += record_len
+        for i, (d, *times, waits) in enumerate(records):
             problem = self._local_record_problem(d, times, waits, handle, comm)
             if problem:
                 raise P.ProtocolError(f"LOCAL_OPS record {i} for {comm.label()}: {problem}")
-            records.append((d, times, waits))
         self.n_ops += n_records
         self.n_local_ops += n_records
         comm.local_records += n_records
         if not self.recording:
             return
         global_ranks = comm.record.global_ranks
-        for d, (started, rendezvous, execution), waits in records:
+        for d, started, rendezvous, execution, waits in records:
             call = {"started_at": started, "seq": d[D_MATCH_SEQ] - 1, "rendezvous_s": rendezvous,
                     "execution_s": execution, "socket_bytes": 0, "waits": dict(zip(global_ranks, waits)),
                     "arrived": {g: started + rendezvous - w for g, w in zip(global_ranks, waits)}}

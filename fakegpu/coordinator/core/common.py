@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from typing import Optional
 
 import numpy as np
@@ -39,10 +38,6 @@ OFFLOAD_MIN_BYTES = 4 << 20
 
 _HDR = P.HEADER
 
-_U32 = struct.Struct("<I")
-
-_U32I32 = struct.Struct("<Ii")
-
 _OPDESC_UNPACK = P.OPDESC_STRUCT.unpack_from
 
 _OPDESC_SIZE = P.OPDESC_SIZE
@@ -57,18 +52,9 @@ _MAX_SPLIT_GROUPS = 4096   # groups of one connection in several frames at once 
 
 _OPDESC_ITER = P.OPDESC_STRUCT.iter_unpack
 
-_GROUP_PREFIX = struct.Struct("<II")
+_GROUP_HEAD = P.GROUP_HEAD
 
-_EMPTY_STR = b"\0\0"
-
-_DONE_ONE_OK = struct.pack("<Ii", 1, 0) + _EMPTY_STR
-
-_U64 = struct.Struct("<Q")
-
-_LOCAL_OPS_FIXED = struct.Struct("<QII")
-
-_LOCAL_TIMES = struct.Struct("<ddd")
-
+_DONE_ONE_OK = P.encode_body(P.GroupDone((P.NCCL_SUCCESS,), ""))   # the common answer, encoded once
 
 _LOCAL_KINDS = P.LOCAL_KINDS
 

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import socket
-import struct
 import time
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -354,7 +353,7 @@ class Core(CommunicatorsMixin, GroupsMixin, P2PMixin, AnySourceMixin, ArenasMixi
             # bit1 only to a client that offered it (old clients never see it) and got shared memory.
             if self.local_collectives and hello.flags & P.HELLO_FLAG_LOCAL:
                 flags |= P.HELLO_FLAG_LOCAL
-        body = struct.pack("<IIQI", conn_id, flags, S, self.timeout_ms)
+        body = P.encode_body(P.HelloOk(conn_id, flags, S, self.timeout_ms))
         self._send(client, frame_bytes(P.HELLO_OK, frame.request_id, body))
 
     def _staging_size(self, hello) -> int:

@@ -4,9 +4,7 @@ failed calls remembered so their later steps fail too.
 """
 from __future__ import annotations
 
-import array
 import collections
-import sys
 from typing import Optional
 
 import numpy as np
@@ -25,9 +23,9 @@ from fakegpu.coordinator.registry import Client, Comm, Member
 from fakegpu.coordinator.states import (EXECUTION_TRANSITIONS, RESULT_PENDING, ExecutionState, GroupFrameState,
                                         Machine, MemberState, transition)
 
-from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_PREFIX, _HDR, _MAX_FAILED_CALLS,
+from .common import (OFFLOAD_MIN_BYTES, SEND, _DONE_ONE_OK, _GROUP_HEAD, _HDR, _MAX_FAILED_CALLS,
                      _MAX_SPLIT_GROUPS, _NO_PAYLOAD, _OPDESC_ITER, _OPDESC_SIZE, _OPDESC_UNPACK, _PREMUL,
-                     _RECV_KIND, _SEND_KIND, _U32, _reported_code, log)
+                     _RECV_KIND, _SEND_KIND, _reported_code, log)
 
 
 class GroupsMixin:
@@ -38,7 +36,7 @@ class GroupsMixin:
         rid = frame.request_id
         if len(body) < 8:
             raise P.ProtocolError(f"GROUP body of {len(body)} bytes is shorter than its 8-byte prefix")
-        n_ops, flags = _GROUP_PREFIX.unpack_from(body, 0)
+        n_ops, flags = _GROUP_HEAD.unpack_from(body, 0)
         desc_end = 8 + n_ops * _OPDESC_SIZE
         if len(body) < desc_end:
             raise P.ProtocolError(f"GROUP declares {n_ops} ops but its body holds {len(body)} bytes")
@@ -106,7 +104,7 @@ class GroupsMixin:
         rid = frame.request_id
         if len(body) < 8:
             raise P.ProtocolError(f"ACCOUNT body of {len(body)} bytes is shorter than its 8-byte prefix")
-        n_ops, _flags = _GROUP_PREFIX.unpack_from(body, 0)
+        n_ops, _flags = _GROUP_HEAD.unpack_from(body, 0)
         desc_end = 8 + n_ops * _OPDESC_SIZE
         if len(body) != desc_end:
             raise P.ProtocolError(f"ACCOUNT declares {n_ops} ops but its body holds {len(body)} bytes")
@@ -232,10 +230,7 @@ class GroupsMixin:
             if group.messages:
                 uniq = list(dict.fromkeys(group.messages))
                 msg = "; ".join(uniq)
-            codes = array.array("i", results)   # faster than struct for a 200k-op group
-            if sys.byteorder != "little":
-                codes.byteswap()
-            head = _U32.pack(n) + codes.tobytes() + P.encode_str(msg, truncate=True)
+            head = P.encode_body(P.GroupDone(results, msg))
         if client.shm or group.accounted:
             self._out.append((SEND, client.id, _HDR.pack(P.MAGIC, P.VERSION, P.GROUP_DONE,
                                                           group.request_id, len(head)) + head))

@@ -228,5 +228,9 @@ constexpr size_t kOffSync = 64;
 constexpr size_t kRecordsAt = 4096;
 constexpr size_t kRecordBlock = 256;
 constexpr size_t kRecordBytes = 128;
+// A rank record's fields, from the record's start.
+constexpr size_t kRecordOffRound = 0;
+constexpr size_t kRecordOffArrival = 8;
+constexpr size_t kRecordOffDesc = 16;
 
 }  // namespace fakegpu::arena_layout

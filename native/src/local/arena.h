@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <cstdint>
 #include <string>
@@ -24,9 +25,13 @@ struct RankRecord {
   uint64_t round;
   double arrival;             // epoch seconds
   uint8_t desc[proto::kOpDescSize];  // proto OpDesc of the call (first round of a call)
-  uint8_t pad[arena_layout::kRecordBytes - 16 - proto::kOpDescSize];
+  uint8_t pad[arena_layout::kRecordBytes - arena_layout::kRecordOffDesc - proto::kOpDescSize];
 };
 static_assert(sizeof(RankRecord) == arena_layout::kRecordBytes, "two records per rank in its block");
+static_assert(offsetof(RankRecord, round) == arena_layout::kRecordOffRound &&
+                  offsetof(RankRecord, arrival) == arena_layout::kRecordOffArrival &&
+                  offsetof(RankRecord, desc) == arena_layout::kRecordOffDesc,
+              "the record's fields where spec/wire.py's ARENA_RECORD puts them");
 static_assert(2 * arena_layout::kRecordBytes == arena_layout::kRecordBlock, "one record per round parity");
 
 class Arena {

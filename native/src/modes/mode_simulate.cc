@@ -59,21 +59,26 @@ class GroupDoneSink : public BodySink {
       : calls_(calls), steps_(steps), n_(n), payload_in_stream_(payload_in_stream), device_bounce_(device_bounce) {}
   bool wants(const proto::FrameHeader& h) const override { return h.type == proto::kGroupDone; }
   bool consume(Client& c, const proto::FrameHeader& h, std::string* err) override {
+    // The head (n_ops, results, message) is the generated GroupDone codec's to read: decode
+    // what has arrived, fetch exactly the bytes the decoder found missing, and again (four
+    // rounds at most: count, results, message length, message). The output bytes follow.
+    std::vector<uint8_t>& head = head_storage();
+    head.clear();
     uint64_t left = h.body_len;
-    uint32_t n_ops;
-    if (left < 4 || !c.read_exact(&n_ops, 4)) return bad(err, "truncated");
-    left -= 4;
-    if (n_ops != n_) return bad(err, "GROUP_DONE answers " + std::to_string(n_ops) + " ops, the frame had " + std::to_string(n_));
-    results.resize(n_ops);
-    if (left < 4ull * n_ops + 2 || !c.read_exact(results.data(), 4ull * n_ops)) return bad(err, "truncated results");
-    left -= 4ull * n_ops;
-    uint16_t mlen;
-    if (!c.read_exact(&mlen, 2)) return bad(err, "truncated");
-    left -= 2;
-    if (mlen > left) return bad(err, "message runs past the frame");
-    message.resize(mlen);
-    if (mlen && !c.read_exact(&message[0], mlen)) return bad(err, "truncated message");
-    left -= mlen;
+    for (;;) {
+      proto::Reader r(head.data(), head.size());
+      if (proto::decode(r, &done)) break;
+      const uint64_t more = r.shortfall();
+      if (more == 0 || more > left) return bad(err, "truncated head");
+      const size_t have = head.size();
+      head.resize(have + more);
+      if (!c.read_exact(head.data() + have, more)) return bad(err, "truncated head");
+      left -= more;
+    }
+    if (done.results.size() != n_)
+      return bad(err, "GROUP_DONE answers " + std::to_string(done.results.size()) + " ops, the frame had " +
+                          std::to_string(n_));
+    const std::vector<int32_t>& results = done.results;
     for (size_t i = 0; i < n_ && payload_in_stream_; i++) {
       if (results[i] != 0 || steps_[i].out_len == 0) continue;
       if (steps_[i].out_len > left) return bad(err, "output bytes shorter than the ops' out_len");
@@ -92,12 +97,15 @@ class GroupDoneSink : public BodySink {
     return true;
   }
   // Per-thread storage reused across calls: no allocation per call in steady state.
-  std::vector<int32_t>& results = results_storage();
-  std::string message;
+  proto::GroupDone& done = done_storage();
 
  private:
-  static std::vector<int32_t>& results_storage() {
-    thread_local std::vector<int32_t> v;
+  static proto::GroupDone& done_storage() {
+    thread_local proto::GroupDone d;
+    return d;
+  }
+  static std::vector<uint8_t>& head_storage() {
+    thread_local std::vector<uint8_t> v;
     return v;
   }
   static bool bad(std::string* err, const std::string& why) {
@@ -307,14 +315,14 @@ class SimulateMode : public DistMode {
     if (rc != ncclSuccess) return rc;
     const std::vector<CollCall>& calls = device ? staged : user_calls;
     local::flush(client);
-    std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
-    proto::encode_group_head(body.data(), static_cast<uint32_t>(calls.size()), 0);
+    std::vector<uint8_t> body(proto::kGroupHeadBytes + calls.size() * proto::kOpDescSize);
+    proto::encode_into(body.data(), proto::GroupHead{static_cast<uint32_t>(calls.size()), 0});
     for (size_t k = 0; k < calls.size(); k++) {
       Step st;
       st.cnt = calls[k].count;
       st.flags = proto::kOpFirstStep | proto::kOpLastStep;
       step_lengths(calls[k], st.cnt, &st.in_len, &st.out_len);
-      encode_step_desc(calls[k], st, body.data() + 8 + k * proto::kOpDescSize);
+      encode_step_desc(calls[k], st, body.data() + proto::kGroupHeadBytes + k * proto::kOpDescSize);
     }
     proto::SimulateDone d;
     rc = request(client, proto::kSimulate, body, proto::kSimulateDone, "ncclGroupSimulateEnd", &d);
@@ -327,11 +335,11 @@ class SimulateMode : public DistMode {
     Client* client;
     if (Client::get(&client) != ncclSuccess) return;  // no coordinator: nobody to keep in step
     local::flush(client);  // records of earlier host-local calls go first
-    uint8_t body[8 + proto::kOpDescSize];
-    proto::encode_group_head(body, 1, proto::kGroupUnanswered);
+    uint8_t body[proto::kGroupHeadBytes + proto::kOpDescSize];
+    proto::encode_into(body, proto::GroupHead{1, proto::kGroupUnanswered});
     Step st;
     st.flags = proto::kOpFirstStep | proto::kOpLastStep | proto::kOpRejected;
-    encode_step_desc(c, st, body + 8);
+    encode_step_desc(c, st, body + proto::kGroupHeadBytes);
     iovec iov{body, sizeof(body)};
     client->post(proto::kGroup, &iov, 1);  // a lost connection shows on the next request
   }
@@ -344,8 +352,8 @@ class SimulateMode : public DistMode {
     ncclResult_t rc = Client::get(&client);
     if (rc != ncclSuccess) return rc;
     local::flush(client);
-    std::vector<uint8_t> body(8 + calls.size() * proto::kOpDescSize);
-    proto::encode_group_head(body.data(), static_cast<uint32_t>(calls.size()), 0);
+    std::vector<uint8_t> body(proto::kGroupHeadBytes + calls.size() * proto::kOpDescSize);
+    proto::encode_into(body.data(), proto::GroupHead{static_cast<uint32_t>(calls.size()), 0});
     for (size_t k = 0; k < calls.size(); k++) {
       const CollCall& c = calls[k];
       proto::OpDesc d;
@@ -360,7 +368,7 @@ class SimulateMode : public DistMode {
       d.step_count = c.rejected ? 0 : c.count;
       d.call_seq = c.call_seq;
       d.match_seq = c.match_seq;
-      proto::encode_opdesc(body.data() + 8 + k * proto::kOpDescSize, d);
+      proto::encode_opdesc(body.data() + proto::kGroupHeadBytes + k * proto::kOpDescSize, d);
     }
     Pending p;
     rc = client->call(&p, proto::kAccount, body);
@@ -408,10 +416,11 @@ class SimulateMode : public DistMode {
                          uint32_t group_id, ncclResult_t* first_error, std::string* first_msg) {
     thread_local std::vector<uint8_t> head;
     thread_local std::vector<iovec> iov;
-    head.resize(8 + n * proto::kOpDescSize);
-    proto::encode_group_head(head.data(), static_cast<uint32_t>(n),
-                             (partial ? proto::kGroupPartial : 0) | (group_id << proto::kGroupIdShift));
-    for (size_t k = 0; k < n; k++) encode_step_desc(calls[steps[k].call], steps[k], head.data() + 8 + k * proto::kOpDescSize);
+    head.resize(proto::kGroupHeadBytes + n * proto::kOpDescSize);
+    proto::encode_into(head.data(), proto::GroupHead{static_cast<uint32_t>(n), (partial ? proto::kGroupPartial : 0) |
+                                                                              (group_id << proto::kGroupIdShift)});
+    for (size_t k = 0; k < n; k++)
+      encode_step_desc(calls[steps[k].call], steps[k], head.data() + proto::kGroupHeadBytes + k * proto::kOpDescSize);
     iov.clear();
     iov.push_back({head.data(), head.size()});
 
@@ -491,9 +500,9 @@ class SimulateMode : public DistMode {
     if (p.hdr.type != proto::kGroupDone)
       return fail(ncclSystemError, std::string("fakegpu: unexpected ") + proto::type_name(p.hdr.type) + " answer to GROUP");
     for (size_t k = 0; k < n; k++) {
-      ncclResult_t r = result_from_wire(sink.results[k]);
+      ncclResult_t r = result_from_wire(sink.done.results[k]);
       if (r != ncclSuccess) {
-        note_failure(calls, steps[k], r, sink.message, first_error, first_msg);
+        note_failure(calls, steps[k], r, sink.done.message, first_error, first_msg);
         continue;
       }
       const CollCall& c = calls[steps[k].call];

@@ -19,7 +19,7 @@ void Writer::str(const std::string& s) {
 
 bool Reader::str(std::string* s) {
   uint16_t n;
-  if (!u16(&n) || n > remaining()) return false;
+  if (!u16(&n) || !need(n)) return false;
   s->assign(reinterpret_cast<const char*>(p_ + pos_), n);
   pos_ += n;
   return true;
@@ -65,50 +65,6 @@ std::vector<uint8_t> frame(uint16_t type, uint32_t request_id, const std::vector
   encode_header(out.data(), type, request_id, static_cast<uint32_t>(body.size()));
   if (!body.empty()) memcpy(out.data() + kHeaderSize, body.data(), body.size());
   return out;
-}
-
-// ---- LOCAL_OPS (the other messages' codecs are generated: generated/wire_messages.h) ----
-
-void encode(Writer& w, const LocalOps& m) {
-  w.u64(m.comm_handle);
-  w.u32(static_cast<uint32_t>(m.records.size()));
-  w.u32(m.nranks);
-  uint8_t desc[kOpDescSize];
-  for (const LocalOpRecord& rec : m.records) {
-    encode_opdesc(desc, rec.desc);
-    w.raw(desc, kOpDescSize);
-    w.f64(rec.started_at);
-    w.f64(rec.rendezvous_s);
-    w.f64(rec.execution_s);
-    for (uint32_t i = 0; i < m.nranks; i++) w.f64(i < rec.arrival_wait_s.size() ? rec.arrival_wait_s[i] : 0.0);
-  }
-}
-
-void encode_group_head(uint8_t* out, uint32_t n_ops, uint32_t flags) {
-  memcpy(out, &n_ops, 4);
-  memcpy(out + 4, &flags, 4);
-}
-
-bool decode(Reader& r, LocalOps* m) {
-  uint32_t n;
-  if (!(r.u64(&m->comm_handle) && r.u32(&n) && r.u32(&m->nranks))) return false;
-  // Check the declared sizes against the body before allocating anything.
-  // (Divisions, not products: a hostile nranks or n must not overflow the check.)
-  if (n != 0) {
-    if (m->nranks > r.remaining() / 8) return false;
-    const uint64_t record_bytes = kOpDescSize + 24 + 8ull * m->nranks;
-    if (n > r.remaining() / record_bytes) return false;
-  }
-  m->records.resize(n);
-  for (LocalOpRecord& rec : m->records) {
-    if (!(decode_opdesc(r, &rec.desc) && r.f64(&rec.started_at) && r.f64(&rec.rendezvous_s) &&
-          r.f64(&rec.execution_s)))
-      return false;
-    rec.arrival_wait_s.resize(m->nranks);
-    for (double& x : rec.arrival_wait_s)
-      if (!r.f64(&x)) return false;
-  }
-  return true;
 }
 
 }  // namespace fakegpu::proto

@@ -61,18 +61,34 @@ class Reader {
   bool f64(double* v) { return raw(v, 8); }
   bool str(std::string* s);
   bool raw(void* dst, size_t n) {
-    if (n > n_ - pos_) return false;
+    if (!need(n)) return false;
     memcpy(dst, p_ + pos_, n);
     pos_ += n;
     return true;
   }
+  // True when `count` items of `size` bytes remain; checked by division, so a hostile count
+  // cannot overflow the check (decoders call it before allocating).
+  bool fits(uint64_t count, uint64_t size) {
+    if (count <= remaining() / size) return true;
+    shortfall_ = count > UINT64_MAX / size ? UINT64_MAX : count * size - remaining();
+    return false;
+  }
   size_t pos() const { return pos_; }
   size_t remaining() const { return n_ - pos_; }
+  // How many more bytes the read that failed needed (0 while none failed). A caller reading a
+  // body from a stream decodes what has arrived, fetches exactly this much more and decodes again.
+  uint64_t shortfall() const { return shortfall_; }
 
  private:
+  bool need(uint64_t n) {
+    if (n <= remaining()) return true;
+    shortfall_ = n - remaining();
+    return false;
+  }
   const uint8_t* p_;
   size_t n_;
   size_t pos_ = 0;
+  uint64_t shortfall_ = 0;
 };
 
 // ---- frame header ------------------------------------------------------------------------
@@ -85,31 +101,10 @@ bool decode_header(const uint8_t in[kHeaderSize], uint64_t max_body, FrameHeader
 std::vector<uint8_t> frame(uint16_t type, uint32_t request_id, const std::vector<uint8_t>& body);
 
 // ---- messages ----------------------------------------------------------------------------
-// OpDesc and every message struct but LOCAL_OPS's, with encode(Writer&, const M&) and
-// decode(Reader&, M*) for each, and encode_opdesc / decode_opdesc: generated from spec/wire.py.
+// OpDesc, the records and every message struct, with encode(Writer&, const M&) and
+// decode(Reader&, M*) for each (a record's also take the body's fields that size its arrays),
+// encode_opdesc / decode_opdesc, and encode_into for the heads written in place: generated
+// from spec/wire.py.
 }  // namespace fakegpu::proto
 
 #include "generated/wire_messages.h"
-
-namespace fakegpu::proto {
-
-// One call run in an arena, as comm rank 0 saw it. arrival_wait_s is in comm rank order.
-struct LocalOpRecord {
-  OpDesc desc;
-  double started_at = 0, rendezvous_s = 0, execution_s = 0;
-  std::vector<double> arrival_wait_s;
-};
-// LOCAL_OPS body: every record carries exactly `nranks` arrival waits.
-struct LocalOps {
-  uint64_t comm_handle = 0;
-  uint32_t nranks = 0;
-  std::vector<LocalOpRecord> records;
-};
-
-// Writes nranks waits per record (missing ones as 0, extra ones dropped) so the body is always well formed.
-void encode(Writer& w, const LocalOps& m);
-// Writes the 8-byte prefix of a GROUP / SIMULATE / ACCOUNT body (u32 n_ops, u32 flags) at `out`.
-void encode_group_head(uint8_t* out, uint32_t n_ops, uint32_t flags);
-bool decode(Reader& r, LocalOps* m);  // false when the declared counts exceed the body
-
-}  // namespace fakegpu::proto
