@@ -20,6 +20,8 @@ from fractions import Fraction
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from fakegpu.wire_spec import SIZE_UNITS
+
 DEFAULT_TIMEOUT_MS = 600_000
 MIN_STAGING_CHUNK_BYTES = 4096
 DEFAULT_REPORT_MAX_OPERATIONS = 4096
@@ -34,13 +36,7 @@ class ConfigError(ValueError):
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1000, "kib": 1024,
-    "m": 1 << 20, "mb": 1000 ** 2, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40,
-}
+_SIZE_UNITS = SIZE_UNITS   # spec/env.py, generated into fakegpu/wire_spec.py and the shim
 
 
 def parse_size(text: str, what: str = "size") -> int:

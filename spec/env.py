@@ -59,3 +59,13 @@ VARIABLES = [
     ('`FAKEGPU_FAKE_CUDA_MEMORY`', '`1`', 'fake CUDA devices', "`1`: per-device memory accounting by the C++ storage tracker (compiled against the installed torch at first use), or by a Python dispatch mode when it cannot be built; `python` asks for the Python mode (about 20 us more per op); `0` leaves the accounting out: the memory API then reports nothing allocated (docs/fake-cuda.md)."),
     ('`FAKEGPU_CACHE_DIR`', '`$XDG_CACHE_HOME/fakegpu`, else `~/.cache/fakegpu`', 'fake CUDA devices', "Where the C++ storage tracker is compiled, once per torch version (`torch-ext/`)."),
 ]
+
+# The units of a size in the environment (FAKEGPU_STAGING_CHUNK_BYTES, FAKEGPU_LOCAL_SLOT_BYTES,
+# fgpu's size flags), case-blind: the bare letters and IEC names are binary, SI names decimal
+# ("16MB" is 16,000,000 bytes, "16M" and "16MiB" 16,777,216). Written into both parsers, the
+# shim's env::bytes and fakegpu.env.parse_size; tests/vectors/size_vectors.json holds them to it.
+SIZE_UNITS = [("", 1), ("b", 1),
+              ("k", 1 << 10), ("kb", 1000), ("kib", 1 << 10),
+              ("m", 1 << 20), ("mb", 1000 ** 2), ("mib", 1 << 20),
+              ("g", 1 << 30), ("gb", 1000 ** 3), ("gib", 1 << 30),
+              ("t", 1 << 40), ("tb", 1000 ** 4), ("tib", 1 << 40)]

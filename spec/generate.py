@@ -110,7 +110,7 @@ def check(spec) -> None:
 
 # --------------------------------------------------------------------------------------- C++
 
-def cpp(spec) -> str:
+def cpp(spec, env) -> str:
     opdesc_offsets, opdesc_size = offsets(spec.OPDESC)
     _, header_size = offsets(spec.HEADER)
     out = [
@@ -244,13 +244,25 @@ def cpp(spec) -> str:
     out += [f"constexpr size_t kRecordOff{camel(name)} = {off};" for name, off in arena_record_offsets(spec)]
     out += ["",
             "}  // namespace fakegpu::arena_layout",
+            "",
+            "namespace fakegpu::env_spec {",
+            "",
+            "// The units of a size in the environment, lower case (spec/env.py SIZE_UNITS).",
+            "struct SizeUnit {",
+            "  const char* name;",
+            "  unsigned long long bytes;",
+            "};",
+            "inline constexpr SizeUnit kSizeUnits[] = {" + ", ".join(f"{{\"{u}\", {b}ull}}" for u, b in env.SIZE_UNITS) + "};",
+            f"constexpr size_t kMaxSizeUnitLength = {max(len(u) for u, _ in env.SIZE_UNITS)};",
+            "",
+            "}  // namespace fakegpu::env_spec",
             ""]
     return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------ Python
 
-def python(spec) -> str:
+def python(spec, env) -> str:
     opdesc_offsets, opdesc_size = offsets(spec.OPDESC)
     header_format = "<" + "".join(struct_code(t) for _n, t in spec.HEADER)
     opdesc_format = "<" + "".join(struct_code(f[1]) for f in spec.OPDESC)
@@ -340,6 +352,8 @@ def python(spec) -> str:
             const("ARENA_RECORD_BLOCK", spec.ARENA_RECORD_BLOCK),
             const("ARENA_RECORD_BYTES", spec.ARENA_RECORD_BYTES)]
     out += [const(f"ARENA_RECORD_OFF_{name.upper()}", off) for name, off in arena_record_offsets(spec)]
+    out += ["", "# The units of a size in the environment, lower case (spec/env.py).",
+            const("SIZE_UNITS", repr(dict(env.SIZE_UNITS)))]
     out += ["", "__all__ = [" + ", ".join(repr(n) for n in names) + "]", ""]
     return "\n".join(out)
 
@@ -384,7 +398,10 @@ def outputs() -> dict:
     spec = load_spec()
     check(spec)
     env = load_spec("env")
-    return {CPP_OUT: cpp(spec), CPP_MESSAGES_OUT: cpp_messages(spec), PY_OUT: python(spec),
+    if max(b for _u, b in env.SIZE_UNITS) > 1 << 40 or any(u != u.lower() for u, _b in env.SIZE_UNITS):
+        raise SystemExit("spec/env.py: SIZE_UNITS are lower case and at most 2^40 (the shim's env::bytes "
+                         "multiplies them in 128 bits)")
+    return {CPP_OUT: cpp(spec, env), CPP_MESSAGES_OUT: cpp_messages(spec), PY_OUT: python(spec, env),
             PY_BODIES_OUT: py_bodies(spec), DOC: render_doc(DOC.read_text(), doc_tables(spec)),
             USAGE: render_doc(USAGE.read_text(), {"environment": env_table(env)})}
 

@@ -1,4 +1,5 @@
 #include "core/env.h"
+#include "generated/wire_spec.h"
 
 #include <atomic>
 #include <cctype>
@@ -9,6 +10,7 @@
 #include <strings.h>
 
 #include <fcntl.h>
+
 #include <unistd.h>
 
 namespace fakegpu::env {
@@ -72,26 +74,19 @@ bool bytes(const char* text, uint64_t* out) {
     }
   }
   while (isspace((unsigned char)*p)) p++;
-  char unit[4] = {0, 0, 0, 0};
+  char unit[env_spec::kMaxSizeUnitLength + 1] = {};
   size_t len = 0;
   for (; isalpha((unsigned char)*p); p++) {
-    if (len == 3) return false;
+    if (len == env_spec::kMaxSizeUnitLength) return false;
     unit[len++] = static_cast<char>(tolower((unsigned char)*p));
   }
   while (isspace((unsigned char)*p)) p++;
   if (*p) return false;
-  static const struct { const char* name; uint64_t mult; } kUnits[] = {
-      {"", 1}, {"b", 1},
-      {"k", 1ull << 10}, {"kb", 1000ull}, {"kib", 1ull << 10},
-      {"m", 1ull << 20}, {"mb", 1000000ull}, {"mib", 1ull << 20},
-      {"g", 1ull << 30}, {"gb", 1000000000ull}, {"gib", 1ull << 30},
-      {"t", 1ull << 40}, {"tb", 1000000000000ull}, {"tib", 1ull << 40},
-  };
-  const uint64_t* mult = nullptr;
-  for (const auto& u : kUnits)
-    if (strcmp(u.name, unit) == 0) mult = &u.mult;
+  const unsigned long long* mult = nullptr;  // the units are spec/env.py's (generated/wire_spec.h)
+  for (const auto& u : env_spec::kSizeUnits)
+    if (strcmp(u.name, unit) == 0) mult = &u.bytes;
   if (!mult) return false;
-  const Wide total = mantissa * *mult;  // mantissa <= kLimit and mult <= 2^40: no overflow
+  const Wide total = mantissa * *mult;  // mantissa <= kLimit and mult <= 2^40 (spec/env.py): no overflow
   if (total % scale != 0) return false;
   const Wide value = total / scale;
   if (value > UINT64_MAX) return false;

@@ -234,3 +234,15 @@ constexpr size_t kRecordOffArrival = 8;
 constexpr size_t kRecordOffDesc = 16;
 
 }  // namespace fakegpu::arena_layout
+
+namespace fakegpu::env_spec {
+
+// The units of a size in the environment, lower case (spec/env.py SIZE_UNITS).
+struct SizeUnit {
+  const char* name;
+  unsigned long long bytes;
+};
+inline constexpr SizeUnit kSizeUnits[] = {{"", 1ull}, {"b", 1ull}, {"k", 1024ull}, {"kb", 1000ull}, {"kib", 1024ull}, {"m", 1048576ull}, {"mb", 1000000ull}, {"mib", 1048576ull}, {"g", 1073741824ull}, {"gb", 1000000000ull}, {"gib", 1073741824ull}, {"t", 1099511627776ull}, {"tb", 1000000000000ull}, {"tib", 1099511627776ull}};
+constexpr size_t kMaxSizeUnitLength = 3;
+
+}  // namespace fakegpu::env_spec
