@@ -40,8 +40,9 @@ Placement place_op(const Contract& c, const std::vector<int>& members, int rank,
   const int n = static_cast<int>(members.size());
   const bool several = c.physical_ranks.size() > 1;
   bool spans = false;
+  std::pair<int, int> mine{0, c.world_size};  // this process's slice of the world
   if (several) {
-    const std::pair<int, int> mine = slice_of(c, c.logical_rank);
+    mine = slice_of(c, c.logical_rank);
     spans = !std::all_of(members.begin(), members.end(),
                          [&](int m) { return mine.first <= m && m < mine.second; });
     if (!spans) {
@@ -67,7 +68,6 @@ Placement place_op(const Contract& c, const std::vector<int>& members, int rank,
     return where;
   }
   if (spans) {
-    const std::pair<int, int> mine = slice_of(c, c.logical_rank);
     where.has_owned = true;
     where.owned_lo = mine.first;
     where.owned_hi = mine.second;
