@@ -56,53 +56,27 @@ void for_each_block(Ptr base, const CollCall& c, uint64_t off, uint64_t cnt, siz
   for (uint64_t j = 0; j < n; j++) f(base + (j * c.count + off) * s, cnt * s);
 }
 
+// The pieces of one side of a call: none, one contiguous range, or one per member block, as
+// the kind's row of the generated KindInfo table (spec/wire.py KINDS) says for that side.
+template <class Ptr, class F>
+void for_each_side_piece(Ptr base, const CollCall& c, uint8_t blocks, bool root_only, uint64_t off, uint64_t cnt,
+                         F&& f) {
+  const size_t s = datatype_size(c.datatype);
+  if (cnt == 0 || blocks == 0 || (root_only && c.comm->rank != c.root)) return;
+  if (blocks == proto::kPerMember) for_each_block(base, c, off, cnt, s, f);
+  else f(base + off * s, cnt * s);
+}
+
 template <class F>
 void for_each_input_piece(const CollCall& c, uint64_t off, uint64_t cnt, F&& f) {
-  const size_t s = datatype_size(c.datatype);
-  const uint8_t* b = static_cast<const uint8_t*>(c.sendbuff);
-  const bool root = c.comm->rank == c.root;
-  if (cnt == 0) return;
-  switch (c.kind) {
-    case proto::kAllReduce: case proto::kReduce: case proto::kAllGather: case proto::kGather: case proto::kSend:
-      f(b + off * s, cnt * s);
-      break;
-    case proto::kBroadcast:
-      if (root) f(b + off * s, cnt * s);
-      break;
-    case proto::kScatter:
-      if (root) for_each_block(b, c, off, cnt, s, f);
-      break;
-    case proto::kReduceScatter: case proto::kAlltoAll:
-      for_each_block(b, c, off, cnt, s, f);
-      break;
-    default:
-      break;  // Recv: no input
-  }
+  const proto::KindInfo& k = proto::kind_info(c.kind);
+  for_each_side_piece(static_cast<const uint8_t*>(c.sendbuff), c, k.in_blocks, k.in_root_only, off, cnt, f);
 }
 
 template <class F>
 void for_each_output_piece(const CollCall& c, uint64_t off, uint64_t cnt, F&& f) {
-  const size_t s = datatype_size(c.datatype);
-  uint8_t* b = static_cast<uint8_t*>(c.recvbuff);
-  const bool root = c.comm->rank == c.root;
-  if (cnt == 0) return;
-  switch (c.kind) {
-    case proto::kAllReduce: case proto::kBroadcast: case proto::kReduceScatter: case proto::kScatter:
-    case proto::kRecv:
-      f(b + off * s, cnt * s);
-      break;
-    case proto::kReduce:
-      if (root) f(b + off * s, cnt * s);
-      break;
-    case proto::kGather:
-      if (root) for_each_block(b, c, off, cnt, s, f);
-      break;
-    case proto::kAllGather: case proto::kAlltoAll:
-      for_each_block(b, c, off, cnt, s, f);
-      break;
-    default:
-      break;  // Send: no output
-  }
+  const proto::KindInfo& k = proto::kind_info(c.kind);
+  for_each_side_piece(static_cast<uint8_t*>(c.recvbuff), c, k.out_blocks, k.out_root_only, off, cnt, f);
 }
 
 }  // namespace fakegpu
