@@ -29,6 +29,7 @@ from fakegpu.common.dtypes import DTYPE_BY_NAME, DTYPES, ELEM_SIZE, DType, decod
 
 
 PARALLEL_MIN_BYTES = 4 << 20   # bytes touched below which one thread is faster
+COPY_BLOCK_BYTES = 256 << 10   # reduced, then copied to the other outputs, a block at a time (fits L2)
 
 
 def _worker_count() -> int:
@@ -107,19 +108,31 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
         return
     # One 8-byte slot per rank, the value left-aligned (the OpDesc scalar field).
     raw = b"".join(bytes(s).ljust(8, b"\0") for s in scalars) if redop == P.REDOP_PREMULSUM else None
-    out0 = outputs[0]
+    out0, rest = outputs[0], outputs[1:]
     if plan == native_numerics.PLAN_RANK:
-        def work(lo, hi):
+        def fold(lo, hi):
             native_numerics.reduce_n(dt.code, redop, [x[lo:hi] for x in inputs], out0[lo:hi], raw)
     else:
-        def work(lo, hi):
+        def fold(lo, hi):
             native_numerics.reduce_n_planned(dt.code, redop, plan, [x[lo:hi] for x in inputs], out0[lo:hi], raw,
                                              first + lo, plan_count)
+
+    def work(lo, hi):
+        # The other outputs are copied a block at a time, while the block just reduced is
+        # still in cache, and by the thread that reduced it: copying whole outputs afterwards,
+        # on one thread, made a 64 MiB all-reduce of 4 ranks 1.2x slower than numpy's blocks.
+        if not rest:
+            fold(lo, hi)
+            return
+        step = max(1, COPY_BLOCK_BYTES // dt.size)
+        for b in range(lo, hi, step):
+            e = min(b + step, hi)
+            fold(b, e)
+            for r in rest:
+                np.copyto(r[b:e], out0[b:e])
     if count * dt.size * (len(inputs) + len(outputs)) < PARALLEL_MIN_BYTES:
         work(0, count)
     else:
         run_in_parallel(count, dt.size * (len(inputs) + len(outputs)), work)
-    for r in outputs[1:]:
-        np.copyto(r, out0)
 
 
