@@ -41,14 +41,21 @@ def _buffer(ffi, a: np.ndarray, writable: bool = False):
     return ffi.from_buffer(a, require_writable=writable)
 
 
+def _pointers(ffi, arrays: Sequence[np.ndarray]):
+    """(C array of the arrays' data pointers, the buffer views behind them): the caller keeps
+    both for the call. Built in one step; on a 4-byte reduction the binding's own work is what
+    a call costs."""
+    views = [_buffer(ffi, a) for a in arrays]
+    return ffi.new("const void*[]", views), views
+
+
 def reduce_n(datatype: int, redop: int, inputs: Sequence[np.ndarray], out: np.ndarray,
              scalars: Optional[bytes] = None) -> None:
     """out = the rank-order fold of ``inputs`` (n arrays of len(out) elements of ``datatype``).
     ``scalars``: n 8-byte PreMulSum scalars back to back, or None. ``out`` must not overlap an
     input."""
     ffi, lib = _library()
-    keep = [_buffer(ffi, x) for x in inputs]
-    ptrs = ffi.new("const void*[]", [ffi.cast("const void*", k) for k in keep])
+    ptrs, _views = _pointers(ffi, inputs)
     raw = ffi.from_buffer(scalars) if scalars is not None else ffi.NULL
     if lib.fakegpu_reduce_n(datatype, redop, ptrs, len(inputs), _buffer(ffi, out, True), len(out), raw) != 0:
         raise NativeNumericsError(f"cannot reduce datatype {datatype} with redop {redop} over {len(inputs)} ranks")
@@ -63,8 +70,7 @@ def reduce_n_planned(datatype: int, redop: int, plan: int, inputs: Sequence[np.n
     """reduce_n for elements [first, first + len(out)) of a ``plan_count``-element reduction
     folded in ``plan``'s order (PLAN_RANK is reduce_n itself); ``inputs`` hold those elements."""
     ffi, lib = _library()
-    keep = [_buffer(ffi, x) for x in inputs]
-    ptrs = ffi.new("const void*[]", [ffi.cast("const void*", k) for k in keep])
+    ptrs, _views = _pointers(ffi, inputs)
     raw = ffi.from_buffer(scalars) if scalars is not None else ffi.NULL
     if lib.fakegpu_reduce_n_planned(datatype, redop, plan, ptrs, len(inputs), _buffer(ffi, out, True), len(out),
                                     raw, first, plan_count) != 0:

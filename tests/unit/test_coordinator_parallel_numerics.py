@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fakegpu import protocol as P
+from fakegpu import native_numerics, protocol as P
 from fakegpu.coordinator.collectives import numerics as N
 from helpers import numpy_reduce
 
@@ -107,3 +107,21 @@ def test_float16_rounding_matches_numpy_bit_for_bit():
     with np.errstate(all="ignore"):
         want = x.astype(np.float16)
     assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("plan", [native_numerics.PLAN_GLOO_ALLREDUCE, native_numerics.PLAN_GLOO_REDUCE])
+def test_blocked_gloo_plan_matches_one_native_call(monkeypatch, plan):
+    """reduce_into cuts a large reduction into blocks (and threads); each block of a gloo plan
+    must be folded as elements [first + b, ...) of the whole reduction, as one call folds it."""
+    dt = N.DTYPES[7]
+    n, count = 4, 300_001
+    rng = np.random.default_rng(plan)
+    ins = [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
+    monkeypatch.setattr(N, "PARALLEL_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(N, "_MAX_WORKERS", 3)
+    outs = [np.zeros(count, dtype=np.float32) for _ in range(n)]
+    N.reduce_into(dt, P.REDOP_SUM, ins, outs, plan=plan, first=0, plan_count=count)
+    want = np.zeros(count, dtype=np.float32)
+    native_numerics.reduce_n_planned(dt.code, P.REDOP_SUM, plan, ins, want, None, 0, count)
+    for out in outs:
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

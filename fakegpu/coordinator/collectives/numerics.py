@@ -110,24 +110,29 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
     raw = b"".join(bytes(s).ljust(8, b"\0") for s in scalars) if redop == P.REDOP_PREMULSUM else None
     out0, rest = outputs[0], outputs[1:]
     if plan == native_numerics.PLAN_RANK:
-        def fold(lo, hi):
-            native_numerics.reduce_n(dt.code, redop, [x[lo:hi] for x in inputs], out0[lo:hi], raw)
+        def fold(ins, out, lo):
+            native_numerics.reduce_n(dt.code, redop, ins, out, raw)
     else:
-        def fold(lo, hi):
-            native_numerics.reduce_n_planned(dt.code, redop, plan, [x[lo:hi] for x in inputs], out0[lo:hi], raw,
-                                             first + lo, plan_count)
+        def fold(ins, out, lo):
+            native_numerics.reduce_n_planned(dt.code, redop, plan, ins, out, raw, first + lo, plan_count)
+    step = max(1, COPY_BLOCK_BYTES // dt.size)
+    if count <= step:
+        # One block (the latency path): no slicing.
+        fold(inputs, out0, 0)
+        for r in rest:
+            np.copyto(r, out0)
+        return
 
     def work(lo, hi):
         # The other outputs are copied a block at a time, while the block just reduced is
         # still in cache, and by the thread that reduced it: copying whole outputs afterwards,
         # on one thread, made a 64 MiB all-reduce of 4 ranks 1.2x slower than numpy's blocks.
         if not rest:
-            fold(lo, hi)
+            fold([x[lo:hi] for x in inputs], out0[lo:hi], lo)
             return
-        step = max(1, COPY_BLOCK_BYTES // dt.size)
         for b in range(lo, hi, step):
             e = min(b + step, hi)
-            fold(b, e)
+            fold([x[b:e] for x in inputs], out0[b:e], b)
             for r in rest:
                 np.copyto(r[b:e], out0[b:e])
     if count * dt.size * (len(inputs) + len(outputs)) < PARALLEL_MIN_BYTES:
