@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import fakegpu.protocol as P
 from fakegpu import wire_spec as W
 from helpers.paths import REPO_ROOT as ROOT
@@ -43,30 +45,24 @@ def test_lengths_rule_matches_the_documented_table():
         assert P.per_member_blocks(kind) == (name in ("AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"))
 
 
-def test_a_contradictory_spec_is_refused(tmp_path):
-    """generate.py checks the spec itself: a duplicate message code is an error naming the table."""
+@pytest.mark.parametrize("old, new, error", [
+    # a duplicate message code
+    ('(2, "HELLO_OK"', '(1, "HELLO_OK"', "MESSAGES has a duplicate code or name"),
+    # a record's array sized by a field its body does not have
+    ('("arrival_wait_s", "f64[nranks]")', '("arrival_wait_s", "f64[n_members]")', "records sized by n_members"),
+])
+def test_a_contradictory_spec_is_refused(tmp_path, old, new, error):
+    """generate.py checks the spec itself: a contradiction is an error naming what is wrong."""
     source = (ROOT / "spec" / "wire.py").read_text()
-    bad = source.replace('(2, "HELLO_OK"', '(1, "HELLO_OK"', 1)
+    bad = source.replace(old, new, 1)
     assert bad != source
-    done = _generate_check(tmp_path, bad)
-    assert done.returncode != 0 and "MESSAGES has a duplicate code or name" in done.stderr
-
-
-def _generate_check(tmp_path, spec_text: str):
     (tmp_path / "spec").mkdir()
-    (tmp_path / "spec" / "wire.py").write_text(spec_text)
+    (tmp_path / "spec" / "wire.py").write_text(bad)
     for name in ("generate.py", "gen_bodies.py"):
         (tmp_path / "spec" / name).write_text((ROOT / "spec" / name).read_text())
-    return subprocess.run([sys.executable, str(tmp_path / "spec" / "generate.py"), "--check"],
+    done = subprocess.run([sys.executable, str(tmp_path / "spec" / "generate.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
-
-
-def test_records_sized_by_a_field_the_body_lacks_are_refused(tmp_path):
-    source = (ROOT / "spec" / "wire.py").read_text()
-    bad = source.replace('("arrival_wait_s", "f64[nranks]")', '("arrival_wait_s", "f64[n_members]")', 1)
-    assert bad != source
-    done = _generate_check(tmp_path, bad)
-    assert done.returncode != 0 and "records sized by n_members" in done.stderr
+    assert done.returncode != 0 and error in done.stderr
 
 
 def _declared_variables() -> set:
