@@ -15,7 +15,15 @@ WIRE_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "f64": 8}
 STRUCT_CODES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "f64": "d"}
 CPP_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i32": "int32_t", "u64": "uint64_t",
              "f64": "double"}
-OPDESC_VALUES = 17  # values an OpDesc unpacks to (checked against spec.OPDESC by check_bodies)
+OPDESC_VALUES = 17  # values an OpDesc unpacks to (checked against spec.OPDESC by Bodies)
+
+
+def wire_size(t: str) -> int:
+    """Bytes of a wire type: a scalar, or ``u8[N]``-style arrays of one (generate.py uses it too)."""
+    m = re.fullmatch(r"(u8|u16|u32|u64|i32|f64)(?:\[(\d+)\])?", t)
+    if not m:
+        raise SystemExit(f"spec/wire.py: unknown wire type {t!r}")
+    return WIRE_SIZES[m.group(1)] * int(m.group(2) or 1)
 
 
 @dataclass(frozen=True)
@@ -276,6 +284,7 @@ class Bodies:
     def __init__(self, spec):
         if len(spec.OPDESC) != OPDESC_VALUES:
             raise SystemExit(f"spec/wire.py: OPDESC has {len(spec.OPDESC)} fields; gen_bodies expects {OPDESC_VALUES}")
+        self.opdesc_bytes = sum(wire_size(t) for _name, t, _short, _doc in spec.OPDESC)
         names = [r[0] for r in spec.RECORDS]
         self.records = {rec: [parse_field(f, in_record=True) for f in fields] for rec, fields in spec.RECORDS}
         for rec, fields in self.records.items():
@@ -319,8 +328,8 @@ class Bodies:
         return [f for f in fields if f.name not in counted]
 
 
-def record_fixed_bytes(fields) -> int:
-    return sum(88 if f.kind is OPDESC else WIRE_SIZES[f.elem] for f in fields if f.kind.fixed)
+def record_fixed_bytes(fields, opdesc_bytes: int) -> int:
+    return sum(opdesc_bytes if f.kind is OPDESC else WIRE_SIZES[f.elem] for f in fields if f.kind.fixed)
 
 
 # --------------------------------------------------------------------------------------- C++
@@ -350,11 +359,11 @@ def cpp_messages(spec) -> str:
             "inline void encode_opdesc(uint8_t* o, const OpDesc& d) {"]
     pos = 0
     for name, t, _, _ in spec.OPDESC:
-        size = _wire_size(t)
+        size = wire_size(t)
         out.append(f"  memcpy(o + {pos}, {'' if '[' in t else '&'}d.{name}, {size});")
         pos += size
     out += ["}", "", "inline bool decode_opdesc(Reader& r, OpDesc* d) {", "  return"]
-    parts = [f"r.raw(d->{name}, {_wire_size(t)})" if "[" in t else f"r.{t}(&d->{name})"
+    parts = [f"r.raw(d->{name}, {wire_size(t)})" if "[" in t else f"r.{t}(&d->{name})"
              for name, t, _, _ in spec.OPDESC]
     out.append("      " + " &&\n      ".join(parts) + ";")
     out += ["}", ""]
@@ -366,7 +375,7 @@ def cpp_messages(spec) -> str:
         out.append(f"// A record of RECORDS; its arrays hold {', '.join(outer) or 'no'} values of the enclosing body.")
         out.append(f"struct {rec} {{")
         out += [f.kind.cpp_member(f) for f in fields]
-        out += ["};", f"constexpr size_t k{rec}FixedBytes = {record_fixed_bytes(fields)};  // before its arrays",
+        out += ["};", f"constexpr size_t k{rec}FixedBytes = {record_fixed_bytes(fields, b.opdesc_bytes)};  // before its arrays",
                 f"inline void encode(Writer& w, const {rec}& m{params}) {{"]
         for f in fields:
             out += f.kind.cpp_encode(f, c_enc)
@@ -408,11 +417,6 @@ def cpp_fixed_writer(struct_name, fields) -> list:
         out.append(f"  memcpy(o + {pos}, &m.{f.name}, {WIRE_SIZES[f.elem]});")
         pos += WIRE_SIZES[f.elem]
     return out + ["}"]
-
-
-def _wire_size(t: str) -> int:
-    m = re.fullmatch(r"(u8|u16|u32|u64|i32|f64)(?:\[(\d+)\])?", t)
-    return WIRE_SIZES[m.group(1)] * int(m.group(2) or 1)
 
 
 # ------------------------------------------------------------------------------------ Python

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_bodies import Bodies, cpp_messages, py_bodies  # noqa: E402
+from gen_bodies import STRUCT_CODES, Bodies, cpp_messages, py_bodies, wire_size  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPP_OUT = ROOT / "native" / "src" / "generated" / "wire_spec.h"
@@ -26,8 +26,6 @@ PY_OUT = ROOT / "fakegpu" / "wire_spec.py"
 PY_BODIES_OUT = ROOT / "fakegpu" / "wire_bodies.py"
 DOC = ROOT / "docs" / "protocol.md"
 
-WIRE_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "f64": 8}
-STRUCT_CODES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "f64": "d"}
 PER_MEMBER = 255  # the C++ spelling of "n" blocks
 
 
@@ -45,13 +43,6 @@ def env_table(env) -> str:
     rows = ["| Variable | Default | Read by | Meaning |", "|---|---|---|---|"]
     rows += ["| " + " | ".join(cells) + " |" for cells in env.VARIABLES]
     return "\n".join(rows)
-
-
-def wire_size(t: str) -> int:
-    m = re.fullmatch(r"(u8|u16|u32|u64|i32|f64)(?:\[(\d+)\])?", t)
-    if not m:
-        raise SystemExit(f"spec/wire.py: unknown wire type {t!r}")
-    return WIRE_SIZES[m.group(1)] * int(m.group(2) or 1)
 
 
 def struct_code(t: str) -> str:
