@@ -34,7 +34,7 @@ def pack_array(code: str, values, what: str) -> bytes:
         packed = array.array(code, values)
     except (OverflowError, TypeError) as exc:
         raise ProtocolError(f"cannot encode {what}: {exc}") from None
-    if packed.itemsize != struct.calcsize(code):   # no platform fakegpu runs on, but never wrong bytes
+    if packed.itemsize != struct.calcsize("<" + code):   # a C type of another width: never wrong bytes
         return pack(struct.Struct(f"<{len(packed)}{code}"), what, *packed)
     if sys.byteorder != "little":
         packed.byteswap()
