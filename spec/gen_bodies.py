@@ -1,7 +1,7 @@
 """The message body codecs, C++ and Python, written from spec/wire.py's BODIES and RECORDS
 (spec/generate.py calls this; run that, not this).
 
-Every field type of a body is one entry of FIELD_KINDS, which says for both languages how a
+Every field type of a body is one Kind subclass, which says for both languages how a
 field of that kind is declared, encoded and decoded: the four emitters below only walk the
 fields and ask the kind. A new field type is one new class.
 """
@@ -52,7 +52,6 @@ def snake(struct_name: str) -> str:
 
 class Kind:
     fixed = False       # a fixed-size value Python packs with its neighbours into one struct
-    member = True
 
     def cpp_member(self, f: Field) -> str:
         raise NotImplementedError
@@ -247,8 +246,6 @@ class Records(Kind):
 
 SCALAR, OPDESC, STR, TEXT, OPTIONAL_STR = Scalar(), OpDescKind(), Str(), Str(truncate=True), Str(optional=True)
 BYTES, ARRAY, OUTER_ARRAY, RECORDS = Bytes(), Array(), OuterArray(), Records()
-FIELD_KINDS = {"scalar": SCALAR, "opdesc": OPDESC, "str": STR, "text": TEXT, "optional_str": OPTIONAL_STR,
-               "bytes": BYTES, "array": ARRAY, "outer_array": OUTER_ARRAY, "records": RECORDS}
 
 
 def parse_field(field, record_names=(), in_record: bool = False) -> Field:
@@ -304,7 +301,7 @@ class Bodies:
 
     def _check(self, struct_name, fields):
         seen = []
-        counts = {f.extra for f in fields if f.kind in (ARRAY, RECORDS)}
+        counts = set(self.counted(fields))
         for i, f in enumerate(fields):
             if f.kind in (ARRAY, RECORDS) and f.extra not in seen:
                 raise SystemExit(f"spec/wire.py: BODIES {struct_name}.{f.name}: its count {f.extra} must come first")
