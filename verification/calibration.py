@@ -5,12 +5,19 @@ figures. Clusters named in the CSV are bundled configs, or built here when none 
 """
 from __future__ import annotations
 
+import argparse
 import csv
+import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "verification" / "data" / "published_nccl_tests.csv"
+sys.path.insert(0, str(ROOT))
+from fakegpu.cli.model import OPS as OPS_BY_NAME  # noqa: E402  (the CSV's op names)
 
 def _cluster(name: str, nodes: int, gpus: int, profile: str, intra: str, nics: int, inter: str,
              node_extra: str = "") -> str:
@@ -69,17 +76,19 @@ _EXTRA = {
 }
 
 
-def topology(name: str):
-    from fakegpu.topology import load_cluster_config, parse_cluster_config
+def cluster_yaml(name: str) -> str:
+    """The YAML text of a cluster the CSV names."""
+    return _EXTRA[name] if name in _EXTRA else (ROOT / "cluster_configs" / f"{name}.yaml").read_text()
 
-    if name in _EXTRA:
-        return parse_cluster_config(_EXTRA[name], name)
-    return load_cluster_config(ROOT / "cluster_configs" / f"{name}.yaml")
+
+def topology(name: str):
+    from fakegpu.topology import parse_cluster_config
+
+    return parse_cluster_config(cluster_yaml(name), name)
 
 
 def rows(estimate=None) -> list[dict]:
     from fakegpu import costmodel
-    from fakegpu.cli.model import OPS
 
     estimate = estimate or costmodel.estimate
     out = []
@@ -88,7 +97,7 @@ def rows(estimate=None) -> list[dict]:
             topo = topology(rec["cluster"])
             # the first gpus_per_node GPUs of the first `nodes` nodes
             ranks = [r for node in topo.nodes[:int(rec["nodes"])] for r in node.ranks[:int(rec["gpus_per_node"])]]
-            kind = OPS[rec["op"]]
+            kind = OPS_BY_NAME[rec["op"]]
             size = int(rec["size_bytes"])
             # the row's NCCL environment ("NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0"), read as NCCL would
             env = dict(item.split("=", 1) for item in rec["env"].split() if "=" in item)
@@ -114,7 +123,78 @@ def summary(table: list[dict], split: str = "") -> tuple[float, float]:
     return sum(e <= 0.20 for e in errors) / len(errors), statistics.median(errors)
 
 
-def main() -> int:
+# Run in another checkout's interpreter path: its own topology loader and cost model time each
+# row; a row whose cluster it cannot read or whose operation it cannot time gets null.
+_OTHER_CHECKOUT = r"""
+import json, sys
+from fakegpu import costmodel
+from fakegpu.topology import parse_cluster_config
+out = []
+for job in json.load(sys.stdin):
+    try:
+        topo = parse_cluster_config(job["yaml"], job["cluster"])
+        ranks = [r for node in topo.nodes[:job["nodes"]] for r in node.ranks[:job["gpus"]]]
+        out.append(costmodel.estimate_seconds(job["kind"], job["count"], 4, ranks, 0, job["peer"], topo))
+    except Exception:
+        out.append(None)
+json.dump(out, sys.stdout)
+"""
+
+
+def other_checkout_seconds(checkout: Path, table: list[dict]) -> list:
+    """Each row's modeled seconds from the cost model of another checkout (``None`` where that
+    model cannot read the cluster or time the operation). It runs as that checkout's code, in a
+    process of its own, on this tree's clusters and rows, without the rows' NCCL environment."""
+    jobs = []
+    for rec in table:
+        kind = OPS_BY_NAME[rec["op"]]
+        n = int(rec["nodes"]) * int(rec["gpus_per_node"])
+        per_rank = n if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
+        jobs.append({"yaml": cluster_yaml(rec["cluster"]), "cluster": rec["cluster"], "kind": kind,
+                     "nodes": int(rec["nodes"]), "gpus": int(rec["gpus_per_node"]),
+                     "count": int(rec["size_bytes"]) // 4 // per_rank,
+                     "peer": 1 if kind == "SendRecv" else -1})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env["PYTHONPATH"] = str(checkout)
+    done = subprocess.run([sys.executable, "-c", _OTHER_CHECKOUT], input=json.dumps(jobs), text=True,
+                          capture_output=True, cwd=checkout, env=env, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"the cost model of {checkout} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def compare_with(checkout: Path, table: list[dict]) -> None:
+    """Print the fraction within 15 / 20 % and the median |error| of another checkout's model and
+    of this one, on the rows both can time."""
+    from fakegpu import costmodel
+
+    seconds = other_checkout_seconds(checkout, table)
+    before, now = [], []
+    for rec, s in zip(table, seconds):
+        if s is None or s <= 0:
+            continue
+        n = int(rec["nodes"]) * int(rec["gpus_per_node"])
+        busbw = costmodel.busbw_gbs(OPS_BY_NAME[rec["op"]], int(rec["size_bytes"]), s, n)
+        before.append((rec.get("split", "fit"), abs(busbw / rec["published_busbw"] - 1)))
+        now.append((rec.get("split", "fit"), abs(rec["error"])))
+    print(f"\n{checkout}'s model could time {len(before)} of {len(table)} rows; on those rows:")
+    print("| model | rows | within 15 % | within 20 % | within 30 % | median abs. error |")
+    print("|---|---|---|---|---|---|")
+    for split in ("", "fit", "heldout"):
+        for name, errors in (("before", before), ("now", now)):
+            part = [e for sp, e in errors if not split or sp == split]
+            if part:
+                share = lambda limit: f"{sum(e <= limit for e in part) / len(part):.0%}"
+                print(f"| {name}{' (' + split + ')' if split else ''} | {len(part)} | {share(0.15)} | "
+                      f"{share(0.20)} | {share(0.30)} | {statistics.median(part):.1%} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, metavar="CHECKOUT",
+                        help="also score the cost model of another checkout of fakegpu (e.g. a "
+                             "`git worktree add` of an older commit) on the same rows")
+    args = parser.parse_args(argv)
     table = rows()
     print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error | Split |")
     print("|---|---|---|---|---|---|---|---|")
@@ -127,6 +207,8 @@ def main() -> int:
         part = [r for r in table if r.get("split", "fit") == split]
         within, median = summary(part)
         print(f"  {split}: {len(part)} points, {within:.0%} within 20 %, median |error| {median:.1%}")
+    if args.before is not None:
+        compare_with(args.before.resolve(), table)
     return 0
 
 

@@ -70,3 +70,20 @@ def test_model_against_published_nccl_tests():
 def test_every_source_is_public_or_marked():
     for r in calibration.rows():
         assert r["source"].startswith("https://") or r["source"].startswith("unrecorded:"), r["source"]
+
+
+def test_another_checkouts_model_is_scored_on_the_same_rows():
+    """`calibration.py --before CHECKOUT` times every row with that checkout's own code in a
+    process of its own; pointed at this tree it must give this model's times, row for row
+    (rows with an NCCL environment excepted: the other process runs without it)."""
+    from fakegpu import costmodel
+
+    table = calibration.rows()
+    seconds = calibration.other_checkout_seconds(REPO_ROOT, table)
+    assert len(seconds) == len(table)
+    plain = [(r, s) for r, s in zip(table, seconds) if not r["env"]]
+    assert len(plain) > 150
+    for r, s in plain:
+        n = int(r["nodes"]) * int(r["gpus_per_node"])
+        busbw = costmodel.busbw_gbs(calibration.OPS_BY_NAME[r["op"]], int(r["size_bytes"]), s, n)
+        assert abs(busbw - r["model_busbw"]) <= 1e-9 * r["model_busbw"], (r["hardware"], r["size_bytes"])
