@@ -9,7 +9,10 @@ It runs the same torchrun sweep twice — ``--backend gloo``, then ``--backend f
 ``python -m fakegpu run`` (which starts the coordinator) — and prints one table: mean time
 per call on rank 0, algbw / busbw (nccl-tests conventions: busbw = algbw * 2(n-1)/n) and the
 fakegpu/gloo time ratio; with ``--shim-bench`` also the same sweep from C through the shim
-(benchmarks/shim_bench.py) and the torch/C ratio.  Results are checked: the sum must be exact for the chosen inputs.
+(benchmarks/shim_bench.py) and the torch/C ratio. The "torch floor" column is the same loop in
+one process on a gloo group of one rank: what ``dist.all_reduce`` costs through torch's Python
+API and dispatch into a compiled backend that has no peer to wait for, i.e. the least any
+backend, compiled or not, can take per call on this machine.  Results are checked: the sum must be exact for the chosen inputs.
 Wall-clock figures of a simulator: they measure fakegpu's own overhead, not a network.
 """
 from __future__ import annotations
@@ -84,8 +87,8 @@ def worker(args) -> int:
 
 
 # -- driver --------------------------------------------------------------------------------------
-def _sweep(args, backend: str, out_json: Path, workdir: Path) -> dict:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+def _sweep(args, backend: str, out_json: Path, workdir: Path, nproc: int = 0) -> dict:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc or args.nproc}",
                 str(Path(__file__).resolve()), "--worker", "--backend", backend, "--json", str(out_json),
                 "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                 "--factor", str(args.factor), "--iters", str(args.iters), "--min-iters", str(args.min_iters),
@@ -96,7 +99,7 @@ def _sweep(args, backend: str, out_json: Path, workdir: Path) -> dict:
     if backend == "fakegpu":
         command = [sys.executable, "-m", "fakegpu", "run", "-q", "--report", str(workdir / "report.json"),
                    "--", *torchrun]
-    log = workdir / f"{backend}.log"
+    log = workdir / f"{backend}-{nproc or args.nproc}.log"
     with open(log, "w") as sink:
         proc = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=args.timeout)
     if proc.returncode != 0 or not out_json.is_file():
@@ -131,23 +134,26 @@ def shim_sweep(args) -> dict:
     return medians
 
 
-def table(gloo: dict, fake: dict, shim: dict = None) -> str:
+def table(gloo: dict, fake: dict, shim: dict = None, floor: dict = None) -> str:
     n = gloo["world"]
     factor = 2 * (n - 1) / n
     shim = shim or {}
+    floors = {r["bytes"]: r.get("median_us", r["time_us"]) for r in (floor or {}).get("rows", [])}
     lines = [f"all_reduce, float32 sum, {n} ranks, torch CPU tensors (rank 0; median per call, "
-             "busbw from the mean)", "",
+             "busbw from the mean; torch floor: gloo with one rank, one process)", "",
              "| size | gloo (us) | gloo busbw (GB/s) | fakegpu torch (us) | fakegpu busbw (GB/s) | "
-             "fakegpu C shim (us) | torch/C | fakegpu/gloo | #wrong |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "fakegpu C shim (us) | torch/C | torch floor (us) | fakegpu/gloo | #wrong |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g, f in zip(gloo["rows"], fake["rows"]):
         gb = g["bytes"] / (g["time_us"] * 1e-6) / 1e9 * factor
         fb = f["bytes"] / (f["time_us"] * 1e-6) / 1e9 * factor
         gm, fm = g.get("median_us", g["time_us"]), f.get("median_us", f["time_us"])
         c = shim.get(f["bytes"])
         c_cols = f"{c:.1f} | {fm / c:.2f}x" if c else "- | -"
+        lowest = floors.get(f["bytes"])
+        floor_col = f"{lowest:.1f}" if lowest is not None else "-"
         lines.append(f"| {_fmt_size(g['bytes'])} | {gm:.1f} | {gb:.3f} | {fm:.1f} | {fb:.3f} | {c_cols} | "
-                     f"{fm / gm:.2f}x | {g['wrong'] + f['wrong']} |")
+                     f"{floor_col} | {fm / gm:.2f}x | {g['wrong'] + f['wrong']} |")
     return "\n".join(lines)
 
 
@@ -175,12 +181,13 @@ def main(argv=None) -> int:
         workdir = Path(tmp)
         gloo = _sweep(args, "gloo", workdir / "gloo.json", workdir)
         fake = _sweep(args, "fakegpu", workdir / "fakegpu.json", workdir)
+        floor = _sweep(args, "gloo", workdir / "floor.json", workdir, nproc=1)
     shim = shim_sweep(args) if args.shim_bench else {}
-    print(table(gloo, fake, shim))
+    print(table(gloo, fake, shim, floor))
     if args.json:
-        Path(args.json).write_text(json.dumps({"gloo": gloo, "fakegpu": fake, "shim_median_us": shim},
-                                              indent=1))
-    wrong = sum(r["wrong"] for r in gloo["rows"] + fake["rows"])
+        Path(args.json).write_text(json.dumps({"gloo": gloo, "fakegpu": fake, "shim_median_us": shim,
+                                               "torch_floor": floor}, indent=1))
+    wrong = sum(r["wrong"] for r in gloo["rows"] + fake["rows"] + floor["rows"])
     return 1 if wrong else 0
 
 
