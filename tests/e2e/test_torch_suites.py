@@ -57,3 +57,25 @@ def test_ddp_under_rpc_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_pa
     results = _run_driver(tmp_path, shim_library, ["--suites", "ddp_rpc"], RPC_SUBSET)["ddp_rpc"]
     assert results["gloo"] == results["fakegpu"]
     assert results["fakegpu"] == {name: "passed" for name in RPC_SUBSET}
+
+
+# A PyTorch-style test file given by path (`--suites file --test-file`), as torch's own
+# test/distributed/tensor/test_redistribute.py is run from a source checkout: DTensor
+# redistribution between Shard / Replicate / Partial on 1-D and 2-D meshes of four ranks, and
+# backward through it, with exact results under both backends.
+DTENSOR_CASES = REPO / "tests" / "e2e" / "torch_programs" / "dtensor_redistribute_cases.py"
+
+
+def test_dtensor_redistribution_file_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+    results = _run_driver(tmp_path, shim_library, ["--suites", "file", "--test-file", str(DTENSOR_CASES)],
+                          [])["dtensor_redistribute_cases"]
+    assert results["gloo"] == results["fakegpu"]
+    assert len(results["fakegpu"]) == 5
+    assert set(results["fakegpu"].values()) == {"passed"}, results["fakegpu"]
+
+
+def test_a_test_file_that_is_not_there_is_named(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "verification" / "torch_suites" / "run.py"),
+                           "--suites", "file", "--test-file", str(tmp_path / "missing_test.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "missing_test.py" in proc.stderr, proc.stderr

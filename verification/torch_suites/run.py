@@ -2,8 +2,11 @@
 
     python verification/torch_suites/run.py [--world-sizes 2,4,8] [-k PATTERN ...] \\
         [--workdir DIR] [--json OUT]
+    python verification/torch_suites/run.py --suites file \\
+        --test-file ~/pytorch/test/distributed/tensor/test_redistribute.py
 
-For every world size (and ``--suites ddp_rpc``: DDP under RPC, at its own world sizes) it
+For every world size (and ``--suites ddp_rpc``: DDP under RPC, at its own world sizes;
+``--suites file``: the test classes of PyTorch source files, at theirs) it
 runs distributed_suite.py twice, with gloo groups and with fakegpu
 groups (against a coordinator it starts), and prints one table: passed / failed / errors /
 skipped per backend, and the tests that pass under gloo but not under fakegpu.  The full
@@ -31,8 +34,8 @@ SUITE = HERE / "distributed_suite.py"
 
 def run_suite(backend: str, world_size: int, patterns: list[str], workdir: Path,
               timeout_s: float, tests_file: str | None = None,
-              suite: str = "distributed") -> dict[str, str]:
-    label = run_label(suite, world_size)
+              suite: str = "distributed", test_files: list[str] = ()) -> dict[str, str]:
+    label = run_label(suite, world_size, test_files)
     out = workdir / f"{backend}-{label}.json"
     log = workdir / f"{backend}-{label}.log"
     env = _base_env()
@@ -50,6 +53,8 @@ def run_suite(backend: str, world_size: int, patterns: list[str], workdir: Path,
         argv += ["-k", pattern]
     if tests_file:
         argv += ["--tests", str(Path(tests_file).resolve())]
+    for path in test_files:
+        argv += ["--test-file", str(Path(path).expanduser().resolve())]
     try:
         with open(log, "w") as sink:
             subprocess.run(argv, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=workdir,
@@ -62,9 +67,12 @@ def run_suite(backend: str, world_size: int, patterns: list[str], workdir: Path,
     return json.loads(out.read_text()) if out.is_file() else {}
 
 
-def run_label(suite: str, world_size: int) -> str:
+def run_label(suite: str, world_size: int, test_files=()) -> str:
     """The key of one suite run: the world size for the generic suite (it runs at several),
-    the suite's name for ddp_rpc (its classes fix their own world sizes)."""
+    the suite's name for ddp_rpc, the files' names for test files (their classes fix their
+    own world sizes)."""
+    if suite == "file":
+        return "+".join(Path(p).stem for p in test_files)
     return str(world_size) if suite == "distributed" else suite
 
 
@@ -90,7 +98,7 @@ def table(results: dict[str, dict[str, dict[str, str]]]) -> tuple[str, dict[str,
 
 
 BACKENDS = ("gloo", "fakegpu")
-SUITES = ("distributed", "ddp_rpc")  # distributed_suite.py --suite
+SUITES = ("distributed", "ddp_rpc", "file")  # distributed_suite.py --suite
 
 
 def _choices(parser: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
@@ -105,7 +113,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", default="2,4,8", help="of the distributed suite")
     parser.add_argument("--suites", default="distributed",
-                        help="distributed and/or ddp_rpc (DDP under RPC, its own world sizes)")
+                        help="distributed, ddp_rpc (DDP under RPC, its own world sizes) and/or file "
+                             "(the test classes of --test-file)")
+    parser.add_argument("--test-file", action="append", default=[], metavar="PATH",
+                        help="a test file of a PyTorch source checkout for --suites file, e.g. "
+                             "test/distributed/tensor/test_redistribute.py (repeatable)")
     parser.add_argument("-k", dest="patterns", action="append", default=[])
     parser.add_argument("--tests", metavar="FILE", help="exactly the tests named in FILE, one per line")
     parser.add_argument("--backends", default="gloo,fakegpu",
@@ -117,15 +129,21 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.world_sizes.split(",") if s]
     backends = _choices(parser, "--backends", args.backends, BACKENDS)
     suites = _choices(parser, "--suites", args.suites, SUITES)
+    if ("file" in suites) != bool(args.test_file):
+        parser.error("--suites file needs --test-file PATH, and --test-file needs --suites file")
+    for path in args.test_file:
+        if not Path(path).expanduser().is_file():
+            parser.error(f"--test-file: no such file: {path}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fakegpu-torch-suites-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, dict[str, str]]] = {}
     runs = [(suite, size) for suite in suites
-            for size in (sizes if suite == "distributed" else [2])]  # ddp_rpc: unused
+            for size in (sizes if suite == "distributed" else [2])]  # ddp_rpc, file: unused
     for suite, world_size in runs:
+        files = args.test_file if suite == "file" else []
         for backend in backends:
-            results.setdefault(run_label(suite, world_size), {})[backend] = run_suite(
-                backend, world_size, args.patterns, workdir, args.timeout, args.tests, suite)
+            results.setdefault(run_label(suite, world_size, files), {})[backend] = run_suite(
+                backend, world_size, args.patterns, workdir, args.timeout, args.tests, suite, files)
     text, regressions = table(results)
     print(text)
     for label, names in regressions.items():
