@@ -18,7 +18,8 @@ OUR_INCLUDE = REPO_ROOT / "native" / "include"
 CUDA_STUB_INCLUDE = ABI_DIR / "cuda_stub"
 DUMP_SOURCE = ABI_DIR / "abi_dump.c"
 
-# Name lists taken from NCCL 2.30.7 and torch 2.14.1 (see docs in /work/shared/REFERENCE.md).
+# Name lists taken from NCCL 2.30.7 (pip: nvidia-nccl-cu13==2.30.7, its nccl.h and libnccl.so.2)
+# and torch 2.14.1's CUDA build (the NCCL symbols its libraries import).
 TORCH_IMPORTS_FILE = ABI_DIR / "torch-2.14-nccl-imports.txt"
 HEADER_API_FILE = ABI_DIR / "nccl-2.30-header-api.txt"
 LIBRARY_EXPORTS_FILE = ABI_DIR / "nccl-2.30-library-exports.txt"
