@@ -189,18 +189,51 @@ def compare_with(checkout: Path, table: list[dict]) -> None:
                       f"{share(0.20)} | {share(0.30)} | {statistics.median(part):.1%} |")
 
 
+def print_by_hardware(table: list[dict]) -> None:
+    """One line per published setup and operation: rows, sizes, median |error|, within 20 %,
+    the worst row."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in table:
+        groups.setdefault((r["hardware"], r["op"]), []).append(r)
+    print("| Hardware | Op | Rows | Sizes | Median abs. error | Within 20 % | Worst | Split |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (hardware, op), part in groups.items():
+        errors = [abs(r["error"]) for r in part]
+        worst = max(part, key=lambda r: abs(r["error"]))
+        sizes = sorted(int(r["size_bytes"]) for r in part)
+        span = _size_text(sizes[0]) + (f" - {_size_text(sizes[-1])}" if len(sizes) > 1 else "")
+        splits = "/".join(sorted({r.get("split", "fit") for r in part}))
+        print(f"| {hardware} | {op} | {len(part)} | {span} | {statistics.median(errors):.1%} | "
+              f"{sum(e <= 0.20 for e in errors)}/{len(part)} | {worst['error']:+.0%} at "
+              f"{_size_text(int(worst['size_bytes']))} | {splits} |")
+
+
+def _size_text(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--by-hardware", action="store_true",
+                        help="print one line per published setup (rows, median |error|, within 20 %%) "
+                             "instead of one per row")
     parser.add_argument("--before", type=Path, metavar="CHECKOUT",
                         help="also score the cost model of another checkout of fakegpu (e.g. a "
                              "`git worktree add` of an older commit) on the same rows")
     args = parser.parse_args(argv)
     table = rows()
-    print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error | Split |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in table:
-        print(f"| {r['hardware']} | {r['op']} | {int(r['size_bytes'])} | {r['published_busbw']:.3g} | {r['model_busbw']:.3g} | "
-              f"{r['algorithm']}/{r['protocol']} | {r['error']:+.0%} | {r.get('split', 'fit')} |")
+    if args.by_hardware:
+        print_by_hardware(table)
+    else:
+        print("| Hardware | Op | Size | Published busbw | Model busbw | Model algo/proto | Error | Split |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['hardware']} | {r['op']} | {int(r['size_bytes'])} | {r['published_busbw']:.3g} | "
+                  f"{r['model_busbw']:.3g} | {r['algorithm']}/{r['protocol']} | {r['error']:+.0%} | "
+                  f"{r.get('split', 'fit')} |")
     within, median = summary(table)
     print(f"\n{len(table)} points: {within:.0%} within 20 %, median |error| {median:.1%}")
     for split in ("fit", "heldout"):
