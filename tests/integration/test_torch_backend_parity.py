@@ -69,6 +69,15 @@ def test_monitored_barrier_names_the_rank_that_never_arrived(shim_library):
     assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in results[0]["error"]
 
 
+def test_monitored_barrier_fails_as_gloos_does(both):
+    gloo, fake = both("monitored_like_gloo", 3)
+    assert fake == gloo
+    assert fake[0]["all"] is None and fake[0]["rank_1_absent"] == ["Rank 1", "failed to pass monitoredBarrier"]
+    assert fake[2]["rank_1_absent"] == ["successfully reached monitoredBarrier"]
+    assert fake[0]["zero_timeout"] == ["Rank 1", "after 0 ms", "failed to pass monitoredBarrier",
+                                       "timed out in monitoredBarrier"]
+
+
 def test_async_op_returns_before_the_peer_issued_and_completes_in_order(both):
     gloo, fake = both("async_order")
     for results in (gloo, fake):

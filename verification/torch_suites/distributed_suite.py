@@ -14,7 +14,9 @@ as test/distributed/tensor/test_redistribute.py (DTensor redistribution on CPU).
 The suite always runs with ``BACKEND=gloo``, so it selects and skips exactly the tests it
 selects for gloo; with ``--backend fakegpu`` every rank then builds its groups with the
 fakegpu backend instead (``init_process_group`` / ``new_group`` asked for gloo get fakegpu),
-against the coordinator named by ``FAKEGPU_COORDINATOR_ADDR`` (``run.py`` starts one).
+against the coordinator named by ``FAKEGPU_COORDINATOR_ADDR`` (``run.py`` starts one), and
+``dist.monitored_barrier``, which torch refuses for any backend not named gloo, is
+``fakegpu.torch.monitored_barrier``, as a fakegpu job would call it.
 Where a test asks the backend's name (``get_backend``) it sees ``fakegpu``.
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _substitute_fakegpu_for_gloo() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    import fakegpu.torch  # noqa: F401 - registers the backend
+    import fakegpu.torch  # registers the backend
 
     def as_fakegpu(backend):
         """gloo -> fakegpu, also inside a per-device string ("cpu:gloo,cuda:nccl")."""
@@ -60,6 +62,9 @@ def _substitute_fakegpu_for_gloo() -> None:
     for module in (dist, c10d):
         module.init_process_group = init_process_group
         module.new_group = new_group
+        # torch's monitored_barrier refuses any backend not named gloo; a fakegpu job calls
+        # fakegpu's equivalent (docs/torch.md), which falls back to torch's on other groups
+        module.monitored_barrier = fakegpu.torch.monitored_barrier
 
 
 if SUBSTITUTE:

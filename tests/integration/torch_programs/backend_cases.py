@@ -125,6 +125,37 @@ def monitored(backend):
     return {"error": error}
 
 
+def monitored_like_gloo(backend):
+    """monitored_barrier's outcomes on three ranks, each case on a group of its own: everyone
+    arrives; rank 1 never arrives (rank 0 names it, rank 2 hears that rank 0 failed); rank 0
+    alone with a zero timeout. ``fakegpu.torch.monitored_barrier`` is torch's own on a gloo
+    group, so both backends run the same calls."""
+    import re
+
+    import fakegpu.torch as ft
+
+    rank, world = _init(backend)
+    phrases = ("failed to pass monitoredBarrier", "successfully reached monitoredBarrier",
+               "timed out in monitoredBarrier", r"Ranks? [\d, ]+(?= failed)", r"after \d+ ms")
+
+    def outcome(call):
+        try:
+            call()
+            return None
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc)
+            return sorted({m.group(0) for p in phrases for m in re.finditer(p, text)})
+
+    groups = [dist.new_group(list(range(world))) for _ in range(3)]
+    out = {"all": outcome(lambda: ft.monitored_barrier(groups[0], timedelta(seconds=10)))}
+    out["rank_1_absent"] = (None if rank == 1 else
+                            outcome(lambda: ft.monitored_barrier(groups[1], timedelta(seconds=1))))
+    out["zero_timeout"] = (outcome(lambda: ft.monitored_barrier(groups[2], timedelta(seconds=0)))
+                           if rank == 0 else None)
+    dist.barrier()
+    return out
+
+
 def async_order(backend):
     """async_op=True returns before the peer has even issued the call; several async
     operations complete in issue order; futures carry the results."""
