@@ -87,6 +87,19 @@ def topology(name: str):
     return parse_cluster_config(cluster_yaml(name), name)
 
 
+def ranks_of(rec: dict) -> int:
+    """How many GPUs a row's run used: the first gpus_per_node GPUs of the first `nodes` nodes."""
+    return int(rec["nodes"]) * int(rec["gpus_per_node"])
+
+
+def operation(rec: dict) -> tuple[str, int, int]:
+    """A row's (kind, float32 count per rank, peer) as nccl-tests ran it: size is the total for
+    AllGather / ReduceScatter / AlltoAll, and sendrecv_perf with 2 GPUs sends 0 -> 1."""
+    kind = OPS_BY_NAME[rec["op"]]
+    per_rank = ranks_of(rec) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
+    return kind, int(rec["size_bytes"]) // 4 // per_rank, 1 if kind == "SendRecv" else -1
+
+
 def rows(estimate=None) -> list[dict]:
     from fakegpu import costmodel
 
@@ -97,14 +110,11 @@ def rows(estimate=None) -> list[dict]:
             topo = topology(rec["cluster"])
             # the first gpus_per_node GPUs of the first `nodes` nodes
             ranks = [r for node in topo.nodes[:int(rec["nodes"])] for r in node.ranks[:int(rec["gpus_per_node"])]]
-            kind = OPS_BY_NAME[rec["op"]]
+            kind, count, peer = operation(rec)
             size = int(rec["size_bytes"])
             # the row's NCCL environment ("NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0"), read as NCCL would
             env = dict(item.split("=", 1) for item in rec["env"].split() if "=" in item)
             algos, protos = costmodel.tuning_from_env(kind, env)
-            per_rank = len(ranks) if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
-            count = size // 4 // per_rank
-            peer = 1 if kind == "SendRecv" else -1   # sendrecv_perf with 2 GPUs: 0 -> 1
             e = estimate(kind, count, 4, ranks, 0, peer, topo, algos or [a for a in costmodel.ALGORITHMS if a not in costmodel.NOT_NCCL],
                          protos or costmodel.PROTOCOLS) if env else estimate(kind, count, 4, ranks, 0, peer, topo)
             busbw = costmodel.busbw_gbs(kind, size, e.seconds, len(ranks))
@@ -147,13 +157,10 @@ def other_checkout_seconds(checkout: Path, table: list[dict]) -> list:
     process of its own, on this tree's clusters and rows, without the rows' NCCL environment."""
     jobs = []
     for rec in table:
-        kind = OPS_BY_NAME[rec["op"]]
-        n = int(rec["nodes"]) * int(rec["gpus_per_node"])
-        per_rank = n if kind in ("AllGather", "ReduceScatter", "AlltoAll") else 1
+        kind, count, peer = operation(rec)
         jobs.append({"yaml": cluster_yaml(rec["cluster"]), "cluster": rec["cluster"], "kind": kind,
                      "nodes": int(rec["nodes"]), "gpus": int(rec["gpus_per_node"]),
-                     "count": int(rec["size_bytes"]) // 4 // per_rank,
-                     "peer": 1 if kind == "SendRecv" else -1})
+                     "count": count, "peer": peer})
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     env["PYTHONPATH"] = str(checkout)
     done = subprocess.run([sys.executable, "-c", _OTHER_CHECKOUT], input=json.dumps(jobs), text=True,
@@ -173,8 +180,7 @@ def compare_with(checkout: Path, table: list[dict]) -> None:
     for rec, s in zip(table, seconds):
         if s is None or s <= 0:
             continue
-        n = int(rec["nodes"]) * int(rec["gpus_per_node"])
-        busbw = costmodel.busbw_gbs(OPS_BY_NAME[rec["op"]], int(rec["size_bytes"]), s, n)
+        busbw = costmodel.busbw_gbs(OPS_BY_NAME[rec["op"]], int(rec["size_bytes"]), s, ranks_of(rec))
         before.append((rec.get("split", "fit"), abs(busbw / rec["published_busbw"] - 1)))
         now.append((rec.get("split", "fit"), abs(rec["error"])))
     print(f"\n{checkout}'s model could time {len(before)} of {len(table)} rows; on those rows:")

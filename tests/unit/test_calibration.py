@@ -84,6 +84,6 @@ def test_another_checkouts_model_is_scored_on_the_same_rows():
     plain = [(r, s) for r, s in zip(table, seconds) if not r["env"]]
     assert len(plain) > 150
     for r, s in plain:
-        n = int(r["nodes"]) * int(r["gpus_per_node"])
-        busbw = costmodel.busbw_gbs(calibration.OPS_BY_NAME[r["op"]], int(r["size_bytes"]), s, n)
+        busbw = costmodel.busbw_gbs(calibration.OPS_BY_NAME[r["op"]], int(r["size_bytes"]), s,
+                                    calibration.ranks_of(r))
         assert abs(busbw - r["model_busbw"]) <= 1e-9 * r["model_busbw"], (r["hardware"], r["size_bytes"])
