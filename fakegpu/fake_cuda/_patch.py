@@ -10,6 +10,7 @@ import sys
 import torch
 
 from . import runtime as rt
+from .identity import replace
 from .memory import TrackingMode, UnsupportedOnFakeCuda, unsupported_message
 
 _CUDA_FUNCTIONS = {
@@ -164,7 +165,6 @@ def _patch_legacy_tensor_types() -> None:
         setattr(torch.cuda, name, getattr(torch, name))
     original_type = torch.Tensor.type
 
-    @functools.wraps(original_type)
     def type(self, dtype=None, non_blocking=False, **kwargs):
         if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
             dtype = "torch." + dtype[len("torch.cuda."):]
@@ -172,7 +172,7 @@ def _patch_legacy_tensor_types() -> None:
             return original_type(self)
         return original_type(self, dtype, non_blocking, **kwargs)
 
-    torch.Tensor.type = type
+    replace(torch.Tensor, "type", type)
 
 
 def _patch_nvtx() -> None:
@@ -206,7 +206,6 @@ def _patch_load() -> None:
             return {k: ("cpu" if rt.cuda_index_of(v) is not None else v) for k, v in location.items()}, None
         return location, None
 
-    @functools.wraps(original)
     def load(f, map_location=None, *args, **kwargs):
         explicit = map_location is not None
         map_location, index = to_cpu(map_location)
@@ -215,8 +214,7 @@ def _patch_load() -> None:
             _charge_tree(result, index)
         return result
 
-    torch.load = load
-    torch.serialization.load = load
+    replace(torch, "load", load)   # also torch.serialization.load, the same object
 
 
 def _charge_tree(obj, index: int, depth: int = 0) -> None:
@@ -251,13 +249,12 @@ def _patch_autocast() -> None:
 def _patch_storage_resize() -> None:
     original = torch.UntypedStorage.resize_
 
-    @functools.wraps(original)
     def resize_(self, size):
         outcome = []
         rt.state().memory.resize(self, int(size), lambda storage, n: outcome.append(original(storage, n)))
         return outcome[0]
 
-    torch.UntypedStorage.resize_ = resize_
+    replace(torch.UntypedStorage, "resize_", resize_, public_path="torch.UntypedStorage.resize_")
 
 
 def cuda_graph_message(api: str) -> str:
@@ -317,7 +314,16 @@ def _patch_generator() -> None:
     """``torch.Generator(device="cuda")``: the CPU algorithm, as the port would draw."""
     base = torch.Generator
 
-    class Generator(base):
+    class _GeneratorType(type(base)):
+        # torch's own generators (torch.default_generator, a DataLoader's) are instances of
+        # the C class: isinstance(g, torch.Generator) stays true for them.
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, base)
+
+        def __subclasscheck__(cls, subclass):
+            return issubclass(subclass, base)
+
+    class Generator(base, metaclass=_GeneratorType):
         def __new__(cls, device="cpu"):
             if rt.cuda_index_of(device) is not None or (type(device) is int):
                 device = "cpu"
@@ -326,9 +332,8 @@ def _patch_generator() -> None:
         def __init__(self, device="cpu"):
             pass
 
-    Generator.__name__ = Generator.__qualname__ = "Generator"
-    Generator.__module__ = "torch"
-    torch.Generator = Generator
+    Generator.__doc__ = base.__doc__
+    replace(torch, "Generator", Generator, wrap=False)
 
 
 def _patch_tensor_constructors() -> None:
@@ -344,11 +349,12 @@ def _patch_tensor_constructors() -> None:
                 return _original(*args, **kwargs)
             kwargs["device"] = rt.CPU
             out = _original(*args, **kwargs)
-            rt.state().memory.charge_tensor(out, index)
+            if not rt.is_traced(out):
+                rt.state().memory.charge_tensor(out, index)
             return out
 
-        functools.update_wrapper(wrapper, original)
-        setattr(torch, name, wrapper)
+        replace(torch, name, wrapper)
+
 
 
 def _modes_in_new_threads() -> None:

@@ -513,10 +513,22 @@ class DeviceRewriteMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             kwargs = dict(kwargs)
             kwargs["pin_memory"] = False
-        if target is None:
+        if target is None or torch.compiler.is_compiling():
+            # Traced by torch.compile: what the compiled graph creates is charged when it runs
+            # (memory.charge_compiled_graph_outputs), not while dynamo traces this mode.
             return func(*args, **kwargs)
         with placing_on(target):
             return func(*args, **kwargs)
+
+
+def is_traced(tensor) -> bool:
+    """A fake or functional tensor of a tracer (torch.compile's): it owns no memory; the
+    compiled graph's outputs are charged when it runs (memory.charge_compiled_graph_outputs)."""
+    if torch.compiler.is_compiling():   # dynamo folds this to True and traces no further
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(tensor) or torch._is_functional_tensor(tensor)
 
 
 def patch_tensor_methods() -> None:
@@ -524,7 +536,6 @@ def patch_tensor_methods() -> None:
     CPU port's no-op) and charge it to the fake device; ``record_stream`` does nothing."""
     original_to = torch.Tensor.to
 
-    @functools.wraps(original_to)
     def to(self, *args, **kwargs):
         target = None
         if args and (isinstance(args[0], (torch.device, str)) or type(args[0]) is int):
@@ -535,7 +546,7 @@ def patch_tensor_methods() -> None:
             target = _cuda_target(kwargs["device"])
             if target is not None:
                 kwargs = dict(kwargs, device=CPU)
-        if target is None:
+        if target is None or is_traced(self):
             return original_to(self, *args, **kwargs)
         with placing_on(target):
             out = original_to(self, *args, **kwargs)
@@ -544,7 +555,8 @@ def patch_tensor_methods() -> None:
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):  # noqa: ARG001
         index = _index(device)
-        state().memory.charge_tensor(self, index)
+        if not is_traced(self):
+            state().memory.charge_tensor(self, index)
         return self
 
     def pin_memory(self, device=None):  # noqa: ARG001
@@ -556,21 +568,23 @@ def patch_tensor_methods() -> None:
     def record_stream(self, stream):  # noqa: ARG001
         return None
 
-    torch.Tensor.to = to
-    torch.Tensor.cuda = cuda
-    torch.Tensor.pin_memory = pin_memory
-    torch.Tensor.is_pinned = is_pinned
-    torch.Tensor.record_stream = record_stream
+    from .identity import replace
+
+    for method in (to, cuda, pin_memory, is_pinned, record_stream):
+        replace(torch.Tensor, method.__name__, method)
 
 
 def patch_sdpa() -> None:
+    from .identity import replace
+
     original = torch.nn.functional.scaled_dot_product_attention
 
-    @functools.wraps(original)
     def scaled_dot_product_attention(*args, **kwargs):
         return _sdpa_with_fallback(original, args, kwargs)
 
-    torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+    # Also torch._C._nn.scaled_dot_product_attention: the name torch's C code looks the
+    # function up by when it hands it to a __torch_function__ override.
+    replace(torch.nn.functional, "scaled_dot_product_attention", scaled_dot_product_attention)
 
 
 def _sdpa_with_fallback(func, args, kwargs):
