@@ -117,13 +117,14 @@ def install() -> None:
     @functools.wraps(original_helper)
     def new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
                                  group_name, backend_options=None, timeout=None, pg_tag=None,
-                                 device_id=None, group_desc=None):
+                                 device_id=None, group_desc=None, **newer):
+        # newer: arguments later torch releases add (2.14: enable_reconfigure), passed on.
         # In a fake world every communicator is fake, whatever backend the program names
         # (the real pipeline transport of real_pp_fake_spmd is made inside the backend).
         return original_helper(group_size, group_rank, global_ranks_in_group,
                                c10d.Backend(fake_pg.BACKEND_NAME), store, group_name,
                                backend_options=None, timeout=timeout, pg_tag=pg_tag,
-                               device_id=None, group_desc=group_desc)
+                               device_id=None, group_desc=group_desc, **newer)
 
     c10d._new_process_group_helper = new_process_group_helper
 

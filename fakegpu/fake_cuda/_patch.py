@@ -63,7 +63,6 @@ _CUDA_FUNCTIONS = {
     "reset_max_memory_cached": rt.reset_max_memory_allocated,
     "empty_cache": rt.empty_cache,
     "mem_get_info": rt.mem_get_info,
-    "is_current_stream_capturing": lambda: False,
     "memory_snapshot": rt.memory_snapshot,
     "memory_summary": rt.memory_summary,
     "set_per_process_memory_fraction": rt.set_per_process_memory_fraction,
@@ -247,47 +246,17 @@ def _patch_autocast() -> None:
 
 
 def _patch_storage_resize() -> None:
+    from . import graphs
+
     original = torch.UntypedStorage.resize_
 
     def resize_(self, size):
         outcome = []
         rt.state().memory.resize(self, int(size), lambda storage, n: outcome.append(original(storage, n)))
+        graphs.record_storage_resize(self, int(size))
         return outcome[0]
 
     replace(torch.UntypedStorage, "resize_", resize_, public_path="torch.UntypedStorage.resize_")
-
-
-def cuda_graph_message(api: str) -> str:
-    return (f"fakegpu: {api} needs CUDA graph capture, which fakegpu's fake CUDA devices cannot "
-            "do (their kernels are torch's CPU kernels, run eagerly; there is no graph to record "
-            "or replay); turn CUDA graphs off in the program or run the job on real GPUs "
-            "(fgpu --mode hybrid)")
-
-
-def _patch_cuda_graphs() -> None:
-    """CUDA graphs: one clear line instead of torch's 'dummy base class' error. Replaying a
-    capture cannot be emulated faithfully (a capture records kernels without running them,
-    and a replay reruns them on the same memory, with none of the Python in between)."""
-    import torch.cuda.graphs as graphs
-
-    def refusing(name):
-        api = f"torch.cuda.{name}"
-        if isinstance(getattr(graphs, name, None), type):
-            # Still a class (isinstance checks and subclasses keep working); making one refuses.
-            def __new__(cls, *args, **kwargs):  # noqa: ARG001
-                raise UnsupportedOnFakeCuda(cuda_graph_message(api))
-            return type(name, (), {"__new__": __new__, "__module__": "torch.cuda"})
-
-        def refuse(*args, **kwargs):  # noqa: ARG001
-            raise UnsupportedOnFakeCuda(cuda_graph_message(api))
-        refuse.__name__ = refuse.__qualname__ = name
-        return refuse
-
-    for name in ("CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables"):
-        replacement = refusing(name)
-        setattr(torch.cuda, name, replacement)
-        if hasattr(graphs, name):
-            setattr(graphs, name, replacement)
 
 
 def _excepthook_for_unsupported() -> None:
@@ -471,7 +440,9 @@ def install() -> None:
     data_parallel.install()
     _patch_autocast()
     _patch_storage_resize()
-    _patch_cuda_graphs()
+    from . import graphs
+
+    graphs.install()   # after the storage resize patch: captures record resizes
     _excepthook_for_unsupported()
 
     from . import distributed

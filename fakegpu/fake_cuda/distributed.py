@@ -50,14 +50,15 @@ def install() -> None:
     @functools.wraps(original_helper)
     def new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
                                  group_name, backend_options=None, timeout=None, pg_tag=None,
-                                 device_id=None, group_desc=None):
+                                 device_id=None, group_desc=None, **newer):
+        # newer: arguments later torch releases add (2.14: enable_reconfigure), passed on.
         if _names_nccl(backend) or str(backend).lower() == BACKEND_NAME:
             backend = c10d.Backend(BACKEND_NAME)
             backend_options = None
             device_id = None
         return original_helper(group_size, group_rank, global_ranks_in_group, backend, store,
                                group_name, backend_options=backend_options, timeout=timeout,
-                               pg_tag=pg_tag, device_id=device_id, group_desc=group_desc)
+                               pg_tag=pg_tag, device_id=device_id, group_desc=group_desc, **newer)
 
     c10d._new_process_group_helper = new_process_group_helper
 

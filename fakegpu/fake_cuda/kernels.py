@@ -394,6 +394,16 @@ def patch_flex_attention() -> None:
 
     @functools.wraps(original)
     def flex_attention(*args, **kwargs):
+        from . import graphs
+
+        capture = graphs.capturing()
+        if capture is not None:
+            # Inside a CUDA graph capture: one step of the graph (flex's own compile refuses
+            # to run under the capture's dispatch mode).
+            return capture.opaque(run, args, kwargs)
+        return run(*args, **kwargs)
+
+    def run(*args, **kwargs):
         from .memory import _first_device
 
         with _without_tracking_mode() as tracking:
@@ -430,8 +440,11 @@ def _without_tracking_mode():
     from .memory import TrackingMode
     from .runtime import DeviceRewriteMode
 
-    with _out_of_stack(_get_current_dispatch_mode_stack(), TrackingMode,
-                       _pop_mode, _push_mode, keep_above=False) as tracking, \
+    from .graphs import _CaptureMode
+
+    with _out_of_stack(_get_current_dispatch_mode_stack(), _CaptureMode, _pop_mode, _push_mode), \
+            _out_of_stack(_get_current_dispatch_mode_stack(), TrackingMode,
+                          _pop_mode, _push_mode, keep_above=False) as tracking, \
             _out_of_stack(torch.overrides._get_current_function_mode_stack(), DeviceRewriteMode,
                           torch._C._pop_torch_function_stack,
                           torch._C._push_on_torch_function_stack):
