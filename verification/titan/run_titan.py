@@ -12,10 +12,12 @@ reduction group has two ranks and within rtol 1e-5 otherwise; exit status 1 if n
     PYTHONPATH=$PWD FAKEGPU_NCCL_LIBRARY=build/libnccl.so.2 \\
         nice -n 10 python verification/titan/run_titan.py [--steps 4] [--only fsdp]
 
-Why these options (see docs/fake-cuda.md, "TorchTitan"):
-  --parallelism.spmd-backend partial_dtensor  the default (spmd_types) needs torch's nightly FSDP2
-  --training.disable-cuda-graphs               CUDA graphs cannot be captured on fake devices
+Why these options (see docs/fake-cuda.md, "TorchTitan"): TorchTitan's defaults otherwise,
+CUDA graphs and the spmd_types backend included, but
+
   --hf-assets-path / --dataloader.dataset-path the wheel ships neither (assets.py makes them)
+  --parallelism.spmd-backend partial_dtensor   only on torch < 2.14, whose FSDP2 cannot take
+                                               spmd_types parameters (CPU + gloo fails the same)
   --ac none                                    adds activation-checkpoint:none; the default keeps
                                                the debug config's own selective AC
 """
@@ -52,7 +54,19 @@ CONFIGS = [
                          "--parallelism.tensor-parallel-degree", "2"], two_rank_groups=True),
     Config("pp2_fsdp2", ["--parallelism.data-parallel-shard-degree", "2",
                          "--parallelism.pipeline-parallel-degree", "2"], two_rank_groups=True),
+    Config("hsdp2x2", ["--parallelism.data-parallel-replicate-degree", "2",
+                       "--parallelism.data-parallel-shard-degree", "2"], two_rank_groups=True),
+    Config("cp2_fsdp2", ["--parallelism.data-parallel-shard-degree", "2",
+                         "--parallelism.context-parallel-degree", "2"], two_rank_groups=True),
 ]
+
+
+def torch_needs_partial_dtensor() -> bool:
+    """TorchTitan 0.3.0's default spmd_types backend needs torch 2.14's FSDP2."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 14)
 RANKS = 4
 
 
@@ -64,10 +78,9 @@ def titan_options(assets: Path, steps: int, dump: Path) -> list:
         "--training.steps", str(steps), "--training.seq-len", "64",
         "--training.local-batch-size", "2",
         "--validator.no-enable", "--checkpoint.no-enable", "--debug.seed", "0",
-        "--parallelism.spmd-backend", "partial_dtensor", "--training.disable-cuda-graphs",
         "--metrics.enable-tensorboard", "--metrics.disable-color-printing",
         "--dump-folder", str(dump),
-    ]
+    ] + (["--parallelism.spmd-backend", "partial_dtensor"] if torch_needs_partial_dtensor() else [])
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""CUDA graphs on fake CUDA devices: capture records, replay reruns (docs/fake-cuda.md,
+"CUDA graphs"); each graph's results equal the same computation run eagerly."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.fake_cuda_probe import NEEDS_TORCH, run_probe
+
+pytestmark = NEEDS_TORCH
+
+
+@pytest.fixture(scope="module", params=["native", "python", "0"])
+def probed(request) -> dict:
+    # The C++ storage tracker, the Python tracking mode, and no memory accounting.
+    return run_probe("probe_cuda_graphs.py", devices=1, FAKEGPU_FAKE_CUDA_MEMORY={"native": "1"}.get(
+        request.param, request.param))
+
+
+def test_capture_does_not_do_the_work_and_replays_do(probed):
+    assert probed["capture_did_not_change_acc"]
+    assert probed["replay_outputs_equal"] and probed["replay_accumulates"]
+    assert probed["capturing_outside"] is False
+    assert probed["recorded_steps"] > 0
+
+
+def test_training_step_in_a_graph_trains_as_eager(probed):
+    assert probed["train_losses_equal"] and probed["params_equal"]
+
+
+def test_make_graphed_callables(probed):
+    assert probed["graphed_callable_grads_equal"]
+
+
+def test_replay_before_capture_says_so(probed):
+    assert "before a capture ended" in probed["errors"]["replay_before_capture"]
