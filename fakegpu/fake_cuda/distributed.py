@@ -92,6 +92,7 @@ def install() -> None:
 
 _COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
                 "allgather_coalesced", "_allgather_base", "allgather_into_tensor_coalesced",
+                "all_gather_single", "all_gather_single_coalesced", "all_to_all_single",
                 "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
                 "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
                 "alltoall_base", "alltoall", "gather", "scatter", "barrier", "send", "recv",
@@ -136,8 +137,23 @@ def _collectives_below_the_modes() -> None:
             # turning the dispatch modes off and on would cost more than the call.
             run = tries_now(_without_torch_function(run_now))(
                 _below_the_modes(method.queued, _disable_current_modes))
+        run = _recorded_in_cuda_graphs(run)
         run._below_modes = True
         setattr(FakeGpuProcessGroup, name, run)
+
+
+def _recorded_in_cuda_graphs(method):
+    """Inside a CUDA graph capture a collective is a step of the graph (the backend is called
+    from C++ below the dispatcher, where the capture's dispatch mode does not see it)."""
+    from . import graphs
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        capture = graphs.capturing()
+        if capture is None:
+            return method(self, *args, **kwargs)
+        return capture.collective(method, (self, *args), kwargs)
+    return run
 
 
 def _patch_fsdp1_device() -> None:

@@ -111,6 +111,18 @@ def _is_functional_collective(func) -> bool:
     return namespace in ("_c10d_functional", "c10d_functional") and "wait_tensor" not in str(func)
 
 
+class _Collective:
+    __slots__ = ("method", "args", "kwargs")
+
+    def __init__(self, method, args, kwargs):
+        self.method, self.args, self.kwargs = method, args, kwargs
+
+    def replay(self) -> None:
+        work = self.method(*self.args, **self.kwargs)
+        if work is not None and hasattr(work, "wait"):
+            work.wait()   # the captured stream runs in order
+
+
 class _HigherOrderOp(_Op):
     """A higher-order operator (flex attention, its backward) recorded whole: its outputs are
     what autograd saved, so rerunning it and copying them is what a replay of its kernels
@@ -155,6 +167,7 @@ class _Capture:
         self.created: set = set()      # storages the capture made (by StorageImpl)
         self.saved: dict = {}          # storage key -> (storage, nbytes, bytes before the capture)
         self.kinds: dict = {}
+        self.in_collective = False
 
     def kind(self, func) -> _Kind:
         kind = self.kinds.get(func)
@@ -203,6 +216,22 @@ class _Capture:
         self.steps.append(_Opaque(fn, args, kwargs, tree_flatten(out)[0], True))
         return out
 
+    def collective(self, method, args, kwargs):
+        """A call of the fakegpu backend's ``method`` (it reads and writes the tensors among
+        its arguments), run now and recorded as a step; a replay calls it again and waits."""
+        if self.in_collective:   # one spelling of a collective calling another
+            return method(*args, **kwargs)
+        for tensor in tree_flatten((args, kwargs))[0]:
+            if isinstance(tensor, torch.Tensor):
+                self._save(tensor)
+        self.in_collective = True
+        try:
+            work = method(*args, **kwargs)
+        finally:
+            self.in_collective = False
+        self.steps.append(_Collective(method, args, kwargs))
+        return work
+
     def restore(self) -> None:
         """Put back what the capture wrote into memory that existed before it."""
         with torch.no_grad():
@@ -225,11 +254,23 @@ class _CaptureMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             self.capture.steps.append(_HigherOrderOp(func, args, kwargs, tree_flatten(out)[0], True))
             return out
-        kind = self.capture.kind(func)
-        self.capture.before(func, kind, args, kwargs)
-        out = func(*args, **kwargs)
-        self.capture.record(func, kind, args, kwargs, out)
+        capture = self.capture
+        kind = capture.kind(func)
+        capture.before(func, kind, args, kwargs)
+        if getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES:
+            # The op is the step; the backend call it makes is not another one.
+            capture.in_collective = True
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                capture.in_collective = False
+        else:
+            out = func(*args, **kwargs)
+        capture.record(func, kind, args, kwargs, out)
         return out
+
+
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,6 +352,8 @@ class CUDAGraph:
             for index, step in enumerate(steps):
                 if isinstance(step, _Resize):
                     out.write(f"{index}: storage resize to {step.nbytes} bytes\n")
+                elif isinstance(step, _Collective):
+                    out.write(f"{index}: collective {step.method.__name__}\n")
                 else:
                     out.write(f"{index}: {step.func}\n")
 
