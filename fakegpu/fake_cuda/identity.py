@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import sys
 from typing import Any
 
@@ -56,6 +57,13 @@ def replace(owner, name: str, replacement, *, public_path: str | None = None,
         module_name, _, qualname = _split_public_path(public_path)
     if wrap and callable(original) and not isinstance(replacement, type):
         functools.update_wrapper(replacement, original)
+    if isinstance(replacement, type) and isinstance(original, type):
+        # A class's signature comes from its __new__/__init__, whose annotations (``-> Self``)
+        # differ with typing_extensions' version: state the original's outright.
+        try:
+            replacement.__signature__ = inspect.signature(original)
+        except (TypeError, ValueError):
+            pass   # a C class torch gives no signature (torch.Generator)
     # Pickling by reference and FX's code generation look the object up by these.
     replacement.__module__ = module_name
     replacement.__qualname__ = qualname

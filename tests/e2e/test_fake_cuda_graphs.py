@@ -42,9 +42,9 @@ def test_fsdp2_step_in_a_graph_trains_as_eager(tmp_path, shim_library):
     from helpers.torchrun import fgpu_env, run_fgpu_torchrun
 
     program = REPO_ROOT / "tests" / "e2e" / "torch_programs" / "fsdp2_cuda_graph.py"
-    out, _ = run_fgpu_torchrun(tmp_path, fgpu_env(shim_library), ["-q", "--device-count", "2"],
-                               ["--standalone", "--nproc-per-node", "2", str(program)])
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    run_fgpu_torchrun(tmp_path, fgpu_env(shim_library), ["-q", "--device-count", "2"],
+                      ["--standalone", "--nproc-per-node", "2", str(program), str(tmp_path)])
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for row in rows:
         # losses and gradient norms of 5 steps (3 replays) equal the eager run's bit for bit

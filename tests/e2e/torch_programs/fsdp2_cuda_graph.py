@@ -2,8 +2,9 @@
 (warm-up step eager, then capture once and replay each step; optimizer outside the graph,
 gradients zeroed in place), against the same training run eagerly in the same process.  The
 graph holds FSDP's all-gathers and reduce-scatters (the backend's calls) and a functional
-all-reduce (a dispatcher op).  Prints one JSON line per rank."""
-import os, torch, torch.distributed as dist, json
+all-reduce (a dispatcher op).  Writes OUT_DIR/rank<r>.json (argv[1]): the ranks share one
+stdout, where their lines can interleave."""
+import os, sys, torch, torch.distributed as dist, json
 from torch.distributed.fsdp import fully_shard
 import torch.distributed._functional_collectives as funcol
 dist.init_process_group("nccl")
@@ -43,5 +44,6 @@ def train(graphed):
         losses.append(float(loss))
     return losses, norms
 e = train(False); gr = train(True)
-print(json.dumps({"rank": rank, "eager": e, "graph": gr, "equal": e == gr}))
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "eager": e, "graph": gr, "equal": e == gr}, f)
 dist.destroy_process_group()
