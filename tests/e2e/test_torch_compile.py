@@ -8,14 +8,12 @@ inductor goes through the same frames.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.shim import REPO_ROOT
-from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun
+from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env, run_fgpu_torchrun, run_reference_torchrun
 
 pytestmark = TORCH_UNDER_FGPU
 PROGRAMS = REPO_ROOT / "verification" / "fake_cuda"
@@ -31,21 +29,9 @@ def _load(out: Path, nproc: int) -> list[dict]:
 def _port(tmp_path: Path, shim_library: str, nproc: int = 2) -> list[dict]:
     out = tmp_path / "port"
     out.mkdir()
-    env = fgpu_env(shim_library)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    # The reference is plain torch on CPU + gloo (no fakegpu in its processes). On a loaded
-    # machine torch's own gloo teardown now and then aborts a rank ("terminate called without an
-    # active exception") after the outputs are saved, and torchrun then stops the other rank:
-    # that is torch's, not what this test is about, so the reference is computed again (at most
-    # three tries); any other failure fails the test at once.
-    for attempt in range(3):
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               str(nproc), str(PROGRAMS / "compile_cpu.py"), str(out), COMPILE, "gloo"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                              stdin=subprocess.DEVNULL)
-        if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
-            break
-    assert done.returncode == 0, done.stderr[-5000:]
+    run_reference_torchrun(tmp_path, shim_library,
+                           ["--standalone", "--nproc-per-node", str(nproc), str(PROGRAMS / "compile_cpu.py"),
+                            str(out), COMPILE, "gloo"])
     return _load(out, nproc)
 
 

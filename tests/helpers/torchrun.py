@@ -49,3 +49,22 @@ def run_fgpu_torchrun(cwd: Path, env: dict, fgpu_args: list, torchrun_args: list
         pytest.fail(f"fgpu -- torchrun did not finish within {timeout_s:g} s:\n" + err[-5000:])
     assert proc.returncode == 0, out[-3000:] + err[-5000:]
     return out, err
+
+
+def run_reference_torchrun(cwd: Path, shim_library: str, torchrun_args: list,
+                           timeout_s: float = 300) -> None:
+    """Run `python -m torch.distributed.run TORCHRUN_ARGS` as plain torch (CPU + gloo, no fakegpu in
+    its processes): the reference a run under fgpu is compared with; fail the test if it fails.
+
+    On a loaded machine torch's own gloo teardown now and then aborts a rank ("terminate called
+    without an active exception") after the outputs are saved, and torchrun then stops the other
+    rank: that is torch's, not what the tests are about, so the reference is computed again (at
+    most three tries); any other failure fails the test at once."""
+    env = fgpu_env(shim_library, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *torchrun_args],
+                              cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
+            break
+    assert done.returncode == 0, done.stderr[-5000:]
