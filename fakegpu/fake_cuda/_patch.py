@@ -260,11 +260,17 @@ def _patch_storage_resize() -> None:
 
 
 def _excepthook_for_unsupported() -> None:
+    from . import extensions
+
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         if isinstance(value, UnsupportedOnFakeCuda):
             print(str(value), file=sys.stderr)
+            return
+        line = extensions.describe_import_error(value)   # a prebuilt CUDA extension
+        if line is not None:
+            print(line, file=sys.stderr)
             return
         # Without the tracking mode (FAKEGPU_FAKE_CUDA_MEMORY=0) torch's own error arrives.
         match = _NO_CPU_KERNEL.search(str(value)) if isinstance(value, NotImplementedError) else None
@@ -443,6 +449,9 @@ def install() -> None:
     from . import graphs
 
     graphs.install()   # after the storage resize patch: captures record resizes
+    from . import extensions
+
+    extensions.install()
     _excepthook_for_unsupported()
 
     from . import distributed

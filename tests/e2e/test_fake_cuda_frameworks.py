@@ -5,6 +5,9 @@ async save and load of FSDP2 state, and TorchScript / torch.compile models under
 Each result is equal, not close: the collectives are exact and the kernels are CPU's on both."""
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,55 @@ def test_framework_equals_cpu_gloo(results, case):
         assert all(r["dcp"]["loaded_equals_saved"] and all(r["dcp"]["loaded_equals_saved"]) for r in got)
     if case == "zero":  # four real optimizer steps on every parameter, consolidated on rank 0
         assert got[0]["zero"]["optimizer_steps"] and set(got[0]["zero"]["optimizer_steps"]) == {4.0}
+
+
+# --- DeepSpeed ------------------------------------------------------------------------------
+
+DEEPSPEED = REPO_ROOT / "tests" / "e2e" / "torch_programs" / "deepspeed_zero.py"
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="DeepSpeed is not installed (.ci/run installs it: "
+                                            "DS_BUILD_OPS=0 pip install deepspeed)")
+ZERO_STAGES = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_results(tmp_path_factory, shim_library) -> tuple[list[dict], list[dict]]:
+    tmp_path = tmp_path_factory.mktemp("deepspeed")
+    cuda, cpu = tmp_path / "cuda", tmp_path / "cpu"
+    cuda.mkdir(), cpu.mkdir()
+    stages = ",".join(map(str, ZERO_STAGES))
+    launch = ["--standalone", "--nproc-per-node", str(NPROC), str(DEEPSPEED), stages]
+    run_fgpu_torchrun(tmp_path, fgpu_env(shim_library), ["-q", "--device-count", str(NPROC)],
+                      launch + [str(cuda)])
+    run_reference_torchrun(tmp_path, shim_library, launch + [str(cpu)], DS_ACCELERATOR="cpu")
+    return _results(cuda), _results(cpu)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("stage", ZERO_STAGES)
+def test_deepspeed_zero_equals_cpu_gloo(deepspeed_results, stage):
+    got, want = deepspeed_results
+    for rank in range(NPROC):
+        assert got[rank][stage]["device_type"] == "cuda" and want[rank][stage]["device_type"] == "cpu"
+        _equal(got[rank][stage]["losses"], want[rank][stage]["losses"], f"rank {rank} losses")
+        _equal(got[rank][stage]["params"], want[rank][stage]["params"], f"rank {rank} params")
+    # the ranks trained on different data and still hold one model (the collectives ran)
+    assert got[0][stage]["losses"] != got[1][stage]["losses"]
+    _equal(got[0][stage]["params"], got[1][stage]["params"], "rank 0 vs rank 1")
+
+
+@needs_deepspeed
+def test_deepspeed_fused_adam_is_one_line(tmp_path, shim_library):
+    """DeepSpeed's FusedAdam is a CUDA extension it JIT-builds: fakegpu says so in one line,
+    before any compiler runs, instead of torch's build traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fakegpu", "run", "-q", "--device-count", "1", "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         str(DEEPSPEED), "fused", str(tmp_path)],
+        cwd=tmp_path, env=fgpu_env(shim_library), capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    worker = [line for line in proc.stderr.splitlines() if line.startswith("[rank0]:")]
+    assert len(worker) == 1, proc.stderr[-3000:]
+    assert "fakegpu: the CUDA extension 'fused_adam'" in worker[0], worker
+    assert "CUDA_HOME" not in proc.stderr and "cpp_extension.py" not in proc.stderr

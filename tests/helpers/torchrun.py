@@ -52,7 +52,7 @@ def run_fgpu_torchrun(cwd: Path, env: dict, fgpu_args: list, torchrun_args: list
 
 
 def run_reference_torchrun(cwd: Path, shim_library: str, torchrun_args: list,
-                           timeout_s: float = 300) -> None:
+                           timeout_s: float = 300, **extra_env: str) -> None:
     """Run `python -m torch.distributed.run TORCHRUN_ARGS` as plain torch (CPU + gloo, no fakegpu in
     its processes): the reference a run under fgpu is compared with; fail the test if it fails.
 
@@ -60,7 +60,7 @@ def run_reference_torchrun(cwd: Path, shim_library: str, torchrun_args: list,
     without an active exception") after the outputs are saved, and torchrun then stops the other
     rank: that is torch's, not what the tests are about, so the reference is computed again (at
     most three tries); any other failure fails the test at once."""
-    env = fgpu_env(shim_library, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    env = fgpu_env(shim_library, TORCH_DEVICE_BACKEND_AUTOLOAD="0", **extra_env)
     for _ in range(3):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *torchrun_args],
                               cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
