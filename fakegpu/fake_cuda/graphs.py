@@ -24,13 +24,14 @@ synchronisation inside a capture).  See docs/fake-cuda.md, "CUDA graphs".
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from typing import Any, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .memory import UnsupportedOnFakeCuda
 
@@ -137,11 +138,66 @@ class _HigherOrderOp(_Op):
 
 
 class _Opaque(_Op):
-    __slots__ = ()
+    """A Python call recorded whole (flex attention's entry point).  Autograd saved tensors
+    made inside it for the backward the capture recorded (flex's logsumexp, which is not an
+    output): a replay reruns the call with gradients, as the capture did, and copies both its
+    outputs and its newly saved tensors into the recorded ones, so that the replayed backward
+    reads this replay's values, not the capture's."""
+    __slots__ = ("saved", "grad_enabled")
+
+    def __init__(self, func, args, kwargs, outputs, saved: list, grad_enabled: bool):
+        super().__init__(func, args, kwargs, outputs, True)
+        self.saved, self.grad_enabled = saved, grad_enabled
 
     def call(self):
+        if not self.saved:
+            with torch.no_grad():
+                return self.func(*self.args, **self.kwargs)
+        fresh: list = []
+        # Leaves over the recorded inputs' memory: autograd saves what it saved at capture
+        # without checking the recorded tensors' history (replayed steps wrote into them).
+        args, kwargs = tree_map(_fresh_leaf, (self.args, self.kwargs))
+        with torch.enable_grad() if self.grad_enabled else contextlib.nullcontext(), \
+                _saving_into(fresh, chain=False):
+            result = self.func(*args, **kwargs)
+        if len(fresh) != len(self.saved):
+            raise RuntimeError(f"fakegpu: CUDA graph replay of {getattr(self.func, '__name__', self.func)}: "
+                               f"it saved {len(fresh)} tensors for backward, the capture {len(self.saved)}")
         with torch.no_grad():
-            return self.func(*self.args, **self.kwargs)
+            for recorded, new in zip(self.saved, fresh):
+                if recorded is not new and not _same_memory(recorded, new):
+                    recorded.copy_(new)
+        return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, result)
+
+
+def _fresh_leaf(value):
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        return value.detach().requires_grad_()
+    return value
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
+@contextlib.contextmanager
+def _saving_into(saved: list, chain: bool):
+    """Autograd's saved-tensor hooks that list every tensor saved for backward in ``saved``.
+    With ``chain`` the hooks already in force (activation checkpointing's) still pack and unpack
+    each tensor, so checkpointing saves and recomputes as it would without fakegpu."""
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(False) if chain else None
+    outer_pack, outer_unpack = outer if outer else (None, None)
+
+    def pack(tensor):
+        saved.append(tensor)
+        return outer_pack(tensor) if outer_pack is not None else tensor
+
+    def unpack(packed):
+        return outer_unpack(packed) if outer_unpack is not None else packed
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
 
 
 _EMPTY_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
@@ -210,10 +266,12 @@ class _Capture:
     def opaque(self, fn, args, kwargs):
         """``fn(*args, **kwargs)`` run outside the capture's mode and recorded as one step
         (fn steps out of the mode itself; see kernels.flex_attention).  Autograd state made
-        by the call is made once, here; the replay reruns it without gradients and copies
-        its outputs into the recorded ones, which autograd saved."""
-        out = fn(*args, **kwargs)
-        self.steps.append(_Opaque(fn, args, kwargs, tree_flatten(out)[0], True))
+        by the call is made once, here; the tensors it saves for backward are listed, and a
+        replay refreshes them and the outputs (_Opaque)."""
+        saved: list = []
+        with _saving_into(saved, chain=True):
+            out = fn(*args, **kwargs)
+        self.steps.append(_Opaque(fn, args, kwargs, tree_flatten(out)[0], saved, torch.is_grad_enabled()))
         return out
 
     def collective(self, method, args, kwargs):

@@ -27,6 +27,12 @@ def test_training_step_in_a_graph_trains_as_eager(probed):
     assert probed["train_losses_equal"] and probed["params_equal"]
 
 
+def test_flex_attention_backward_in_a_graph_reads_this_replays_values(probed):
+    # flex saves its logsumexp for backward without returning it; a replay refreshes it (and,
+    # under selective activation checkpointing, the one its recomputation saves)
+    assert probed["flex_grads_equal"] and probed["flex_sac_grads_equal"]
+
+
 def test_make_graphed_callables(probed):
     assert probed["graphed_callable_grads_equal"]
 

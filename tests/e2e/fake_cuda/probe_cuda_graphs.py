@@ -62,6 +62,50 @@ for x, y in data[2:]:
     ref_losses.append(step(ref_model, ref_opt, x, y).item())
 out["train_losses_equal"] = losses == ref_losses
 out["params_equal"] = all(torch.equal(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))
+# 2b. flex attention (its logsumexp is saved for backward, not returned), plain and under
+# selective activation checkpointing (which recomputes it in backward), as TorchTitan's default
+# llama3 runs it: gradients of graph replays equal eager ones, step by step
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 16, 16, device="cuda")
+def policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+class Attention(torch.nn.Module):
+    def __init__(self, sac):
+        super().__init__()
+        torch.manual_seed(3)
+        self.qkv, self.out, self.sac = torch.nn.Linear(8, 24), torch.nn.Linear(8, 1), sac
+    def block(self, x):
+        q, k, v = self.qkv(x).view(1, 16, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return self.out(flex_attention(q, k, v, block_mask=mask).transpose(1, 2).reshape(1, 16, 8))
+    def forward(self, x):
+        if not self.sac:
+            return self.block(x)
+        return checkpoint(self.block, x, use_reentrant=False,
+                          context_fn=lambda: create_selective_checkpoint_contexts(policy))
+flex_data = [(torch.randn(1, 16, 8), torch.randn(1, 16, 1)) for _ in range(5)]
+for sac in (False, True):
+    runs = []
+    for graphed in (False, True):
+        net = Attention(sac).cuda(); o = torch.optim.SGD(net.parameters(), lr=0.1)
+        fx, fy = torch.zeros(1, 16, 8, device="cuda"), torch.zeros(1, 16, 1, device="cuda")
+        fg = None; grads = []
+        for i, (x, y) in enumerate(flex_data):
+            fx.copy_(x); fy.copy_(y)
+            o.zero_grad(set_to_none=False)
+            if not graphed or i == 0:
+                torch.nn.functional.mse_loss(net(fx), fy).backward()
+            else:
+                if fg is None:
+                    fg = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(fg):
+                        torch.nn.functional.mse_loss(net(fx), fy).backward()
+                fg.replay()
+            grads.append([p.grad.clone() for p in net.parameters()])
+            o.step()
+        runs.append(grads)
+    out[f"flex_{'sac_' if sac else ''}grads_equal"] = all(
+        torch.equal(a, b) for ga, gb in zip(*runs) for a, b in zip(ga, gb))
 # 3. make_graphed_callables
 lin = torch.nn.Linear(4, 4).cuda()
 ref_lin = torch.nn.Linear(4, 4); ref_lin.load_state_dict(lin.state_dict())
