@@ -79,6 +79,13 @@ def install() -> None:
 
     FakeGpuProcessGroup._get_backend = _get_backend
     _collectives_below_the_modes()
+    # A fake world's groups (one process playing rank r) are Python backends called from C++
+    # too: inside a capture their collectives are graph steps as well, so replays reduce anew
+    # and reach the report.
+    from fakegpu.import_hooks import after_import
+
+    after_import("fakegpu.fake.process_group",
+                 lambda module: _record_in_cuda_graphs(module.FakeWorldProcessGroup))
 
     from . import torch_compat
 
@@ -140,6 +147,18 @@ def _collectives_below_the_modes() -> None:
         run = _recorded_in_cuda_graphs(run)
         run._below_modes = True
         setattr(FakeGpuProcessGroup, name, run)
+
+
+def _record_in_cuda_graphs(backend: type) -> None:
+    """Every collective method of ``backend`` (a Python c10d backend) is a step of a CUDA graph
+    captured around it."""
+    for name in _COLLECTIVES:
+        method = getattr(backend, name, None)
+        if method is None or getattr(method, "_in_cuda_graphs", False):
+            continue
+        run = _recorded_in_cuda_graphs(method)
+        run._in_cuda_graphs = True
+        setattr(backend, name, run)
 
 
 def _recorded_in_cuda_graphs(method):

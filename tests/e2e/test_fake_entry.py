@@ -263,3 +263,43 @@ def test_a_pipeline_schedule_in_pure_fake_mode_says_why_it_cannot_run(tmp_path):
     assert proc.returncode != 0
     assert "pipelining schedules cannot run in pure fake mode" in proc.stderr, proc.stderr[-3000:]
     assert "--dist-mode real_pp_fake_spmd" in proc.stderr
+
+
+GRAPH_PROGRAM = textwrap.dedent(r"""
+    import json, os
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    static = torch.zeros(3, device="cuda")
+    out = torch.zeros(3, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reduced = static * 2
+        dist.all_reduce(reduced)
+        out.copy_(reduced)
+    sums = []
+    for value in (1.0, 3.0):
+        static.fill_(value)
+        graph.replay()
+        sums.append(out.tolist())
+    dist.destroy_process_group()
+    print("RESULT" + json.dumps({"sums": sums}))
+""")
+
+
+def test_a_collective_in_a_cuda_graph_reduces_again_on_each_replay_in_a_fake_world(tmp_path):
+    """A fake world's group is a Python backend that torch calls from C++: inside a capture its
+    collective is a step of the graph, so each replay reduces this replay's values (SPMD
+    symmetry: the sum over 4 replicas) and reaches the report."""
+    pytest.importorskip("torch")
+    script = tmp_path / "graph.py"
+    script.write_text(GRAPH_PROGRAM)
+    report = tmp_path / "r.json"
+    out = _result(_run([str(script)], _env(NGPU=4, RANK=1, LOCAL_RANK=0, FAKEGPU_FAKE_REPORT_PATH=report,
+                                           FAKEGPU_FAKE_CUDA="1", FAKEGPU_MODE="simulate")).stdout)
+    assert out["sums"] == [[8.0] * 3, [24.0] * 3]
+    data = json.loads(report.read_text())
+    # the capture ran it once (a GPU's capture would not) and the two replays once each
+    assert data["collectives"]["AllReduce"]["calls"] == 3
