@@ -57,24 +57,29 @@ class DTensorRedistributeCases(DTensorTestBase):
             moved = distribute_tensor(full, mesh, [src]).redistribute(mesh, [dst])
             self.check(moved, full, [dst], coordinate)
 
+    # One method for the three short 1-D cases: each test method is four fresh processes per
+    # backend, most of the driver's time.
     @with_comms
-    def test_partial_to_replicate_and_to_shard_sum_exactly(self):
+    def test_partial_average_and_backward_on_a_1d_mesh(self):
         mesh = init_device_mesh("cpu", (4,))
         coordinate = mesh.get_coordinate()
+        # Partial (sum) to Replicate and to Shard: each rank's own addend; the sum is the reference
         for seed, shape in enumerate(SHAPES):
-            # each rank's own addend; the sum is the reference
             addends = [full_tensor(shape, 100 * seed + r) for r in range(4)]
             total = sum(addends[1:], addends[0].clone())
             for dst in (Replicate(), Shard(0), Shard(1)):
                 partial = DTensor.from_local(addends[self.rank].clone(), mesh, [Partial()])
                 self.check(partial.redistribute(mesh, [dst]), total, [dst], coordinate)
-
-    @with_comms
-    def test_average_partial_to_replicate(self):
-        mesh = init_device_mesh("cpu", (4,))
+        # Partial("avg") to Replicate
         local = torch.full((6, 2), float(4 * (self.rank + 1)))
         out = DTensor.from_local(local, mesh, [Partial("avg")]).redistribute(mesh, [Replicate()])
         self.assertEqual(out.to_local(), torch.full((6, 2), 10.0), atol=0, rtol=0)
+        # backward through Shard -> Replicate: d/dx sum(x^2) = 2x, handed back as a shard
+        full = full_tensor((9, 3), 7)
+        sharded = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
+        replicated = sharded.redistribute(mesh, [Replicate()])
+        (replicated * replicated).sum().backward()
+        self.check(sharded.grad, 2 * full, [Shard(0)], coordinate)
 
     @with_comms
     def test_transitions_on_a_2d_mesh(self):
@@ -86,16 +91,6 @@ class DTensorRedistributeCases(DTensorTestBase):
             full = full_tensor(shape, 1000 + seed)
             moved = distribute_tensor(full, mesh, src).redistribute(mesh, dst)
             self.check(moved, full, dst, coordinate)
-
-    @with_comms
-    def test_backward_through_shard_to_replicate(self):
-        mesh = init_device_mesh("cpu", (4,))
-        full = full_tensor((9, 3), 7)
-        sharded = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
-        replicated = sharded.redistribute(mesh, [Replicate()])
-        (replicated * replicated).sum().backward()
-        # d/dx sum(x^2) = 2x, handed back as a shard: each rank's rows of 2 * full
-        self.check(sharded.grad, 2 * full, [Shard(0)], mesh.get_coordinate())
 
 
 if __name__ == "__main__":
