@@ -40,8 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"fakegpu: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    from fakegpu import _deps
+
+    prog = "fgpu" if name == "run" else f"fakegpu {name}"
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except _deps.MissingPackage as exc:  # one line: what needs which package, and how to install it
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a top-level import of one of fakegpu's packages
+        if exc.name not in _deps.PACKAGES:
+            raise
+        print(f"{prog}: error: {_deps.message(prog, [exc.name])}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

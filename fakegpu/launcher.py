@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import fakegpu
+from fakegpu import _deps
 from fakegpu.env import is_loopback_host, parse_size, parse_tcp_address  # noqa: F401 (re-exported)
 
 # passthrough: the program computes on its real GPU and fakegpu fakes nothing; it pairs with
@@ -517,6 +518,12 @@ def _own_session_and_die_with_parent() -> None:
         pass
 
 
+def coordinator_packages(cfg: LaunchConfig) -> None:
+    """_deps.MissingPackage when this interpreter cannot run the coordinator ``cfg`` asks for."""
+    needed = _deps.COORDINATOR + (_deps.CLUSTER_CONFIG if cfg.cluster_config is not None else ())
+    _deps.check(needed, "the coordinator" + (" with a cluster config" if cfg.cluster_config is not None else ""))
+
+
 def coordinator_command(python: str = sys.executable) -> list[str]:
     return [python, "-m", "fakegpu", "coordinator"]
 
@@ -938,7 +945,9 @@ def prepare(cfg: LaunchConfig, echo: Optional[Callable[[str], None]] = None,
                                       f"({detail or 'no answer'}); remove it or choose another path")
                 # A socket left by a coordinator that died: the new coordinator replaces it.
 
-        # 2. Start our own.
+        # 2. Start our own, in this interpreter: stop now, in one line, if it lacks a package the
+        # coordinator needs (a checkout without `pip install .`), rather than after it failed.
+        coordinator_packages(cfg)
         if cfg.transport == "unix":
             if cfg.coordinator_addr:
                 address = cfg.coordinator_addr

@@ -227,9 +227,9 @@ class NcclError(RuntimeError):
 
 
 def _ml_dtypes():
-    import ml_dtypes  # imported lazily: only the exotic float types need it
+    from fakegpu._deps import require  # imported lazily: only the exotic float types need it
 
-    return ml_dtypes
+    return require("ml_dtypes", "numpy arrays of NCCL's bfloat16 and float8 datatypes")
 
 
 class DataType(enum.IntEnum):

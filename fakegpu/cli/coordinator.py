@@ -120,6 +120,11 @@ def _option_or_env(value: Optional[str], option: str, var: str, default: int) ->
 
 
 def _serve(ns, env) -> int:
+    from fakegpu import _deps
+
+    cluster_config = ns.cluster_config or env.cluster_config
+    _deps.check(_deps.COORDINATOR + (_deps.CLUSTER_CONFIG if cluster_config else ()),
+                "the coordinator" + (" with a cluster config" if cluster_config else ""))
     from fakegpu.coordinator import reporting
     from fakegpu.coordinator.core import Core
     from fakegpu.coordinator.server import (DEFAULT_HELLO_TIMEOUT_S, DEFAULT_MAX_UNAUTHENTICATED, ServerError,
@@ -147,7 +152,6 @@ def _serve(ns, env) -> int:
     if ns.report_interval is not None and ns.report_interval <= 0:
         raise ConfigError(f"--report-interval {ns.report_interval} must be positive")
     token = _token(ns, env)
-    cluster_config = ns.cluster_config or env.cluster_config
     report_path = ns.report or env.cluster_report_path
     markdown_path = ns.markdown_report or env.cluster_report_markdown_path
     trace_path = ns.trace or env.trace_path

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import fakegpu
-from fakegpu import launcher
+from fakegpu import _deps, launcher
 
 EXPECTED_NCCL_VERSION = 23007
 
@@ -157,8 +157,8 @@ def check_cluster_config(doc: Doctor, cfg: launcher.LaunchConfig) -> None:
         return
     try:
         from fakegpu.topology.loader import load_cluster_config
-    except ImportError:
-        doc.info(f"cluster config {cfg.cluster_config} (not validated: fakegpu.topology.loader unavailable)")
+    except ImportError as exc:  # _deps.MissingPackage: PyYAML or jsonschema is not installed
+        doc.fail(f"cluster config {cfg.cluster_config} cannot be read", str(exc))
         return
     try:
         topology = load_cluster_config(cfg.cluster_config)
@@ -191,7 +191,7 @@ def check_coordinator(doc: Doctor, cfg: launcher.LaunchConfig, shim: Optional[st
         return
     try:
         prepared = launcher.prepare(_throwaway(cfg))
-    except launcher.LaunchError as exc:
+    except (launcher.LaunchError, _deps.MissingPackage) as exc:
         doc.fail("could not start a coordinator", str(exc))
         return
     try:

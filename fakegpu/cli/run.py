@@ -12,6 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from fakegpu import launcher
+from fakegpu._deps import MissingPackage
 
 EPILOG = """\
 examples:
@@ -72,6 +73,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
     except launcher.LaunchError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_status
+    except MissingPackage as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def list_cluster_configs() -> int:
@@ -112,7 +116,12 @@ def warn_about_cluster_config(path, prog: str) -> None:
 
 def console_main() -> None:
     """Entry point of the `fgpu` console script."""
-    sys.exit(main())
+    try:
+        status = main()
+    except MissingPackage as exc:  # from `fgpu doctor`, `model`, `demo`, --list-cluster-configs
+        print(f"fgpu: error: {exc}", file=sys.stderr)
+        status = 2
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -40,12 +40,19 @@ EXACT_ELEMENT_OPS = 1 << 24
 
 REDOPS = {"sum": P.REDOP_SUM, "prod": P.REDOP_PROD, "max": P.REDOP_MAX, "min": P.REDOP_MIN,
           "avg": P.REDOP_AVG, "premulsum": P.REDOP_PREMULSUM}
-_BY_NP = {d.np: d for d in DTYPE_BY_NAME.values()}
+_BY_NP = {d.np: d for d in DTYPE_BY_NAME.values() if d.ml_name is None}
+_BY_ML_NAME = {d.ml_name: d for d in DTYPE_BY_NAME.values() if d.ml_name is not None}  # ml_dtypes's, by name
 
 
 def dtype_of(array: np.ndarray) -> Optional[DType]:
-    """The NCCL datatype of ``array`` (None for dtypes NCCL has no type for, e.g. int16)."""
-    return _BY_NP.get(array.dtype)
+    """The NCCL datatype of ``array`` (None for dtypes NCCL has no type for, e.g. int16). An array
+    of ml_dtypes's types means ml_dtypes is loaded; otherwise it is not imported."""
+    found = _BY_NP.get(array.dtype)
+    if found is None:
+        found = _BY_ML_NAME.get(array.dtype.name)
+        if found is not None and array.dtype != found.np:
+            found = None
+    return found
 
 
 def _redop_code(redop) -> int:

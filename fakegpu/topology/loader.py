@@ -16,12 +16,15 @@ import os
 from dataclasses import dataclass
 from typing import Any, Union
 
-import yaml
-from jsonschema import Draft202012Validator
+from fakegpu._deps import check
 
-from .model import Fabric, Node, Topology
-from .profiles import PROFILES, canonical_profile_name, get_profile
-from .schema import CLUSTER_CONFIG_SCHEMA
+check(("yaml", "jsonschema"), "reading a cluster YAML")  # one line naming both when they are missing
+import yaml  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
+
+from .model import Fabric, Node, Topology  # noqa: E402
+from .profiles import PROFILES, canonical_profile_name, get_profile  # noqa: E402
+from .schema import CLUSTER_CONFIG_SCHEMA  # noqa: E402
 
 SUPPORTED_VERSION = 1
 

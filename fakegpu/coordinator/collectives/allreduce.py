@@ -9,5 +9,5 @@ def execute(dt, redop, count, root, ins, outs, scalars, order=(0, 0, 0)):
     # order: (reduction order, element offset of this step, the call's count); the order's
     # plan is over the call's elements (docs/numerics.md "Reduction order").
     plan, offset, total = order
-    reduce_into(dt, redop, [x.view(dt.np) for x in ins], [y.view(dt.np) for y in outs], scalars,
+    reduce_into(dt, redop, [x.view(dt.storage) for x in ins], [y.view(dt.storage) for y in outs], scalars,
                 plan, offset, total)

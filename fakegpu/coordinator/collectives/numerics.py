@@ -95,7 +95,7 @@ def reduce_into(dt: DType, redop: int, inputs: Sequence[np.ndarray], outputs: Se
                 scalars: Optional[Sequence[bytes]] = None, plan: int = 0, first: int = 0,
                 plan_count: int = 0) -> None:
     """Reduce ``inputs`` (one typed array per rank, rank order) into ``outputs[0]`` and copy
-    the result into every other output. All arrays have the same length and dtype ``dt.np``;
+    the result into every other output. All arrays have the same length and dtype ``dt.storage``;
     outputs must not overlap inputs. The arithmetic is the shim's (fakegpu/native_numerics.py):
     the same code reduces in the arenas and in fake mode; large payloads are cut into pieces
     reduced by several threads (the native call runs without the GIL).

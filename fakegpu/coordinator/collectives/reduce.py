@@ -6,4 +6,4 @@ from .numerics import reduce_into
 
 def execute(dt, redop, count, root, ins, outs, scalars, order=(0, 0, 0)):
     plan, offset, total = order  # as in allreduce.execute
-    reduce_into(dt, redop, [x.view(dt.np) for x in ins], [outs[root].view(dt.np)], scalars, plan, offset, total)
+    reduce_into(dt, redop, [x.view(dt.storage) for x in ins], [outs[root].view(dt.storage)], scalars, plan, offset, total)

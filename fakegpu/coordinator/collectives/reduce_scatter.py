@@ -11,5 +11,5 @@ def execute(dt, redop, count, root, ins, outs, scalars, order=(0, 0, 0)):
     nbytes = count * dt.size
     for j, out in enumerate(outs):
         lo = j * nbytes
-        reduce_into(dt, redop, [x[lo:lo + nbytes].view(dt.np) for x in ins], [out.view(dt.np)], scalars,
+        reduce_into(dt, redop, [x[lo:lo + nbytes].view(dt.storage) for x in ins], [out.view(dt.storage)], scalars,
                     plan, j * total + offset, len(outs) * total)
