@@ -71,13 +71,15 @@ def install() -> None:
 
     c10d._get_default_timeout = get_default_timeout
 
-    original_get_backend = FakeGpuProcessGroup._get_backend
+    from fakegpu.torch.group_base import GroupBase
 
-    def _get_backend(self, device):
+    original_get_backend = GroupBase._get_backend
+
+    def _get_backend(self, device):   # both backends' groups: cuda tensors are host memory
         device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
         return original_get_backend(self, "cpu" if device_type == "cuda" else device)
 
-    FakeGpuProcessGroup._get_backend = _get_backend
+    GroupBase._get_backend = _get_backend
     _collectives_below_the_modes()
     # A fake world's groups (one process playing rank r) are Python backends called from C++
     # too: inside a capture their collectives are graph steps as well, so replays reduce anew

@@ -33,6 +33,33 @@ def reduce_op_of(opts):
     return dist.ReduceOp.SUM if reduce_op is None else reduce_op
 
 
+class _BackendView:
+    """What ``pg._get_backend(cpu)`` returns for a fakegpu group (either backend).
+
+    torch's C++ ProcessGroup has no backend registered for a Python group, so the inherited
+    ``_get_backend`` raises; torch 2.14's ``batch_isend_irecv`` and several helpers call it on
+    any ProcessGroup and read capability flags.  This answers those flags (no NCCL-style
+    coalescing, no splitting through torch, no tensor allocation, no time estimate) and passes
+    everything else to the group itself.
+    """
+
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def __init__(self, group: "GroupBase"):
+        self._group = group
+
+    def supports_tensor_alloc(self, device) -> bool:  # noqa: ARG002
+        return False
+
+    def name(self) -> str:
+        return self._group.BACKEND_NAME
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+
 class GroupBase(dist.ProcessGroup):
     BACKEND_NAME = ""
     # The communicator name of a group torch gave neither a description nor a name.
@@ -43,6 +70,19 @@ class GroupBase(dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = group_desc
         self._split_count = 0
+        # Tell torch this group serves CPU tensors (no C++ backend object behind it): that is
+        # what _get_pg_default_device() and the object collectives read (_get_backend below
+        # answers for that device).
+        try:
+            self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        except (TypeError, RuntimeError):  # a torch whose binding wants a Backend object
+            pass
+
+    def _get_backend(self, device):
+        device_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        if device_type != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {device_type}")
+        return _BackendView(self)
 
     # -- identity (forwarded from C++ by the trampoline) --------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - C++ name

@@ -144,33 +144,6 @@ def _flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
 
-class _BackendView:
-    """What ``pg._get_backend(cpu)`` returns for a fakegpu group.
-
-    torch's C++ ProcessGroup has no backend registered for a Python group, so the inherited
-    ``_get_backend`` raises; torch 2.14's ``batch_isend_irecv`` and several helpers call it on
-    any ProcessGroup and read capability flags.  This answers those flags (no NCCL-style
-    coalescing, no splitting through torch, no tensor allocation, no time estimate) and passes
-    everything else to the group itself.
-    """
-
-    supports_coalescing = False
-    supports_splitting = False
-    supports_time_estimate = False
-
-    def __init__(self, group: "FakeGpuProcessGroup"):
-        self._group = group
-
-    def supports_tensor_alloc(self, device) -> bool:  # noqa: ARG002
-        return False
-
-    def name(self) -> str:
-        return BACKEND_NAME
-
-    def __getattr__(self, name):
-        return getattr(self._group, name)
-
-
 class FakeGpuProcessGroup(GroupBase):
     """A process group whose collectives run through the fakegpu NCCL shim."""
 
@@ -189,22 +162,10 @@ class FakeGpuProcessGroup(GroupBase):
         self._closed = False
         # Before any communicator of this group exists: the shim reads the order at creation.
         self._gloo_order = _reduction_order_is_gloo()
-        # Tell torch this group serves CPU tensors (no C++ backend object behind it): that is
-        # what _get_pg_default_device() and the object collectives read.
-        try:
-            self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
-        except (TypeError, RuntimeError):  # a torch whose binding wants a Backend object
-            pass
 
     # -- identity (the rest is GroupBase's) ---------------------------------------------------
     def _identity_changed(self) -> None:
         self._maybe_connect_early()
-
-    def _get_backend(self, device):
-        device_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
-        if device_type != "cpu":
-            raise RuntimeError(f"No backend type associated with device type {device_type}")
-        return _BackendView(self)
 
     def __repr__(self) -> str:
         return (f"<FakeGpuProcessGroup {self.comm_name!r} rank {self.rank()}/{self.size()}"
