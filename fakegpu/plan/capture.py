@@ -1,49 +1,131 @@
-"""The aten ops a region runs, each with its modeled cost, on fake tensors (no memory).
+"""The aten ops a region runs, recorded on fake tensors (no memory), and their modeled time.
 
-``estimate_compute(fn, *args, gpu=...)`` runs ``fn`` (forward, backward, an optimizer step:
-whatever it does) under torch's FakeTensorMode with :class:`CostRecorder` and returns the
-per-op costs.  Arguments that are real tensors or modules are turned into fake ones first, so
-a full-size model costs only its metadata."""
+:class:`OpRecorder` is a TorchDispatchMode that records every aten op it sees as an
+:class:`~fakegpu.plan.compute.OpRecord` (op, input and output shapes and dtypes, FLOPs, bytes,
+geometry).  Enter it *inside* torch's ``FakeTensorMode`` (as fakegpu.fake.estimate_memory's
+replay mode is) so the ops run on fake tensors::
+
+    with FakeTensorMode(), OpRecorder() as recorder:
+        model = build()                  # parameters are fake: a full-size model costs nothing
+        model(x).sum().backward()
+    recorder.records
+
+Conventions shared with estimate_memory's replay: higher-order ops (flex attention) pass
+through; an op on a tensor subclass that wraps others (DTensor, FSDP2's parameters) is not
+recorded itself, the ops it runs on its inner tensors are (the mode hands the op on to the
+subclass and stays active below it).  As torch's FlopCounterMode does, an op with no FLOP
+formula that has a CompositeImplicitAutograd decomposition is recorded as its decomposition,
+so both count the same FLOPs.
+
+:func:`estimate_compute` runs a function that way and costs its ops on one GPU.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves, tree_map
 
-from .compute import OpCost, op_cost
-from .gpu_compute import GpuCompute
-
-
-def _aliases_only(func) -> bool:
-    schema = getattr(func, "_schema", None)
-    returns = schema.returns if schema is not None else ()
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+from .compute import OpCost, OpRecord, describe_op, flop_formula, model_op
+from .gpu_compute import GpuCompute, compute_of
 
 
-class CostRecorder(TorchDispatchMode):
-    """Records every aten op below it with its cost on ``gpu``."""
+class OpRecorder(TorchDispatchMode):
+    """Records each aten op run below it (see the module's docstring)."""
 
-    def __init__(self, gpu: GpuCompute, allow_tf32: bool = True):
+    supports_higher_order_operators = True
+
+    def __init__(self):
         super().__init__()
-        self.gpu, self.allow_tf32 = gpu, allow_tf32
-        self.costs: list[OpCost] = []
+        self.records: list[OpRecord] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.costs.append(op_cost(func, args, kwargs, out, self.gpu, self.allow_tf32,
-                                  views=_aliases_only(func)))
+        kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))
+               if isinstance(t, torch.Tensor)):
+            return NotImplemented     # the subclass runs it; its inner ops come back here
+        if (isinstance(func, torch._ops.OpOverload) and flop_formula(func) is None
+                and func is not torch.ops.prim.device.default):
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        if getattr(func, "namespace", None) != "prim":     # prim.device and the like: no GPU work
+            self.records.append(describe_op(func, args, kwargs, out))
         return out
 
 
-def estimate_compute(fn: Callable, *args: Any, gpu: GpuCompute, allow_tf32: bool = True,
-                     **kwargs: Any) -> list[OpCost]:
-    """Per-op modeled costs of ``fn(*args, **kwargs)`` run on fake tensors."""
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_args = tree_map(lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v,
-                             (args, kwargs))
-        with CostRecorder(gpu, allow_tf32) as recorder:
-            fn(*fake_args[0], **fake_args[1])
-    return recorder.costs
+@dataclass
+class ComputeEstimate:
+    """The ops of a region and their modeled cost on one GPU."""
+    gpu: GpuCompute
+    records: list[OpRecord]
+    costs: list[OpCost] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Modeled GPU time of the region's ops run back to back on one stream."""
+        return sum(c.seconds for c in self.costs)
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.records)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.records)
+
+    @property
+    def kernels(self) -> int:
+        return sum(1 for c in self.costs if c.seconds > 0)
+
+    def by_op(self) -> dict[str, dict]:
+        """Per op name: count, seconds, flops, bytes; the most expensive first."""
+        rows: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "flops": 0, "bytes": 0})
+        for c in self.costs:
+            row = rows[c.name]
+            row["count"] += 1
+            row["seconds"] += c.seconds
+            row["flops"] += c.flops
+            row["bytes"] += c.bytes
+        return dict(sorted(rows.items(), key=lambda kv: -kv[1]["seconds"]))
+
+    def on(self, gpu, allow_tf32: Optional[bool] = None) -> "ComputeEstimate":
+        """The same ops costed on another GPU (nothing is re-run)."""
+        return cost_records(self.records, gpu, allow_tf32)
+
+
+def cost_records(records: list[OpRecord], gpu, allow_tf32: Optional[bool] = None) -> ComputeEstimate:
+    gpu = compute_of(gpu)
+    return ComputeEstimate(gpu, list(records), [model_op(r, gpu, allow_tf32) for r in records])
+
+
+def estimate_compute(fn: Callable, *args: Any, profile="h100", allow_tf32: Optional[bool] = None,
+                     **kwargs: Any) -> ComputeEstimate:
+    """Run ``fn(*args, **kwargs)`` on fake tensors under :class:`OpRecorder` and cost its ops
+    on ``profile`` (a catalogue name, a GpuProfile or a GpuCompute).
+
+    Tensor arguments are turned into fake ones first, and a module argument runs with fake
+    copies of its parameters and buffers in their place (its own are untouched: no gradients, no
+    running statistics).  Such a model is in memory already; build a full-size one inside
+    ``fn``, where it is fake from the start (an optimizer too: one made outside holds the real
+    parameters).  ``allow_tf32``: None follows ``torch.backends.cuda.matmul.allow_tf32`` as ``fn`` leaves it
+    when each op runs."""
+    gpu = compute_of(profile)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, contextlib.ExitStack() as swaps:
+        fake_args, fake_kwargs = tree_map(
+            lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        for module in {id(v): v for v in (*args, *kwargs.values()) if isinstance(v, torch.nn.Module)}.values():
+            state = [*module.named_parameters(remove_duplicate=False),
+                     *module.named_buffers(remove_duplicate=False)]
+            swaps.enter_context(_reparametrize_module(module, {n: mode.from_tensor(t) for n, t in state}))
+        with OpRecorder() as recorder:
+            fn(*fake_args, **fake_kwargs)
+    return cost_records(recorder.records, gpu, allow_tf32)
