@@ -71,8 +71,9 @@ _CONVOLUTIONS = {"convolution", "_convolution", "convolution_backward", "convolu
 _SAME_AS = {"_scaled_dot_product_flash_attention_for_cpu": aten._scaled_dot_product_flash_attention,
             "_scaled_dot_product_flash_attention_for_cpu_backward":
                 aten._scaled_dot_product_flash_attention_backward}
-# Ops that allocate or answer a question without running a kernel.
-_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+# Ops that allocate, reinterpret or answer a question without running a kernel
+# (_unsafe_view: a view whose schema does not say so, as matmul's reshape of an mm output).
+_NO_KERNEL = {"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
               "resize_", "set_", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
               "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense", "size", "stride",
               "storage_offset", "numel", "dim", "record_stream"}
