@@ -68,7 +68,8 @@ _MATMULS = set(_MATMUL_OPERANDS)
 _CONVOLUTIONS = {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                  "cudnn_convolution", "_slow_conv2d_forward"}
 # The CPU build's kernels for the same computation as a GPU op with a FLOP formula.
-_SAME_AS = {"_scaled_dot_product_flash_attention_for_cpu": aten._scaled_dot_product_flash_attention,
+_SAME_AS = {"_scaled_dot_product_flash_attention_for_cpu":
+                aten._scaled_dot_product_flash_attention,
             "_scaled_dot_product_flash_attention_for_cpu_backward":
                 aten._scaled_dot_product_flash_attention_backward}
 # Ops that allocate, reinterpret or answer a question without running a kernel
