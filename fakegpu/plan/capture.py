@@ -22,6 +22,7 @@ so both count the same FLOPs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -32,18 +33,50 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .compute import OpCost, OpRecord, describe_op, flop_formula, model_op
+from .collectives import describe_collective
+from .compute import OpCost, OpRecord, _mutated_tensors, describe_op, flop_formula, model_op
 from .gpu_compute import GpuCompute, compute_of
 
 
+def _buffers(values) -> tuple:
+    """(storage key, bytes) of each distinct tensor: what the timeline's dependencies are on."""
+    seen, out = set(), []
+    for t in tree_leaves(values):
+        if not isinstance(t, torch.Tensor) or is_traceable_wrapper_subclass(t):
+            continue
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            continue      # a tensor without storage (sparse, nested): no dependency to track
+        if key not in seen:
+            seen.add(key)
+            out.append((key, t.numel() * t.element_size()))
+    return tuple(out)
+
+
 class OpRecorder(TorchDispatchMode):
-    """Records each aten op run below it (see the module's docstring)."""
+    """Records each aten op run below it (see the module's docstring), with the buffers it
+    reads and writes, the collective it runs, and the phase and step set by :meth:`phase`."""
 
     supports_higher_order_operators = True
 
     def __init__(self):
         super().__init__()
         self.records: list[OpRecord] = []
+        self.current_phase = ""
+        self.current_step = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: Optional[int] = None):
+        """Records made inside carry ``name`` (and ``step`` when given) as their phase."""
+        before = (self.current_phase, self.current_step)
+        self.current_phase = name
+        if step is not None:
+            self.current_step = step
+        try:
+            yield self
+        finally:
+            self.current_phase, self.current_step = before
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -58,7 +91,16 @@ class OpRecorder(TorchDispatchMode):
                 return decomposed
         out = func(*args, **kwargs)
         if getattr(func, "namespace", None) != "prim":     # prim.device and the like: no GPU work
-            self.records.append(describe_op(func, args, kwargs, out))
+            record = describe_op(func, args, kwargs, out)
+            if record.kind in ("view", "no_kernel"):
+                reads = writes = ()     # nothing runs: nothing waits, nothing becomes ready
+            else:
+                reads = _buffers((args, kwargs))
+                writes = _buffers((out, _mutated_tensors(func, args, kwargs)))
+            collective = describe_collective(func, args, kwargs) if record.kind == "communication" else None
+            self.records.append(dataclasses.replace(
+                record, reads=reads, writes=writes, collective=collective,
+                phase=self.current_phase, step=self.current_step))
         return out
 
 

@@ -53,6 +53,9 @@ ATTENTION_FWD_EFFICIENCY = 0.37    # flash attention forward filling its blocks 
 ATTENTION_BWD_EFFICIENCY = 0.30    # flash attention backward
 ATTENTION_BLOCK = 128              # query rows (forward) / key rows (backward) per thread block
 CONV_EFFICIENCY = BASE_EFFICIENCY  # convolutions: no tile model yet
+# FP8 GEMMs reach a smaller share of their (doubled) peak than BF16 ones: cuBLAS's H100 FP8
+# GEMMs sustain ~1,300-1,450 of 1,979 TFLOP/s where BF16 sustains ~700-750 of 989.
+FP8_EFFICIENCY_SCALE = 0.9
 HBM_EFFICIENCY = 1.0               # share of the data-sheet bandwidth a memory-bound kernel reaches
 
 aten = torch.ops.aten
@@ -99,9 +102,21 @@ class OpRecord:
     tf32_allowed: bool = False     # the backend's allow_tf32 flag when the op ran
     matmul: Optional[tuple] = None     # (batch, m, n, k) of the output batch x M x N
     attention: Optional[tuple] = None  # (batch x heads, query len, key len, causal, backward)
+    # Share of torch's FLOP count the kernel does where a block mask says (flex attention's
+    # sparsity: a causal mask computes about half); None: the causal rule above applies.
+    work_fraction: Optional[float] = None
+    # Filled by the recorder for the timeline: buffers read and written as (key, bytes), the
+    # collective a communication op runs (fakegpu.plan.collectives.Collective), the phase of the
+    # training step ("forward", "backward", "optimizer", ...) and the step's index.
+    reads: tuple = ()
+    writes: tuple = ()
+    collective: Optional[object] = None
+    phase: str = ""
+    step: int = 0
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
+                if k not in ("reads", "writes", "collective")}
 
 
 @dataclass(frozen=True)
@@ -209,6 +224,39 @@ def _attention_geometry(name, named) -> tuple[Optional[tuple], Optional[torch.Te
     return (int(bh), int(sq), int(sk), causal, "backward" in name), q
 
 
+def _block_mask_density(args) -> Optional[float]:
+    """Share of (query block, key block) pairs a flex attention block mask computes: its
+    partial and full block counts over all pairs.  None when the mask's tensors are fake (their
+    values are unknown) or absent."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for value in args:
+        if not isinstance(value, tuple):
+            continue
+        tensors = [t for t in value if isinstance(t, torch.Tensor)]
+        if len(tensors) < 4 or any(isinstance(t, FakeTensor) for t in tensors[:4]):
+            continue
+        kv_num, kv_indices, full_num = tensors[0], tensors[1], tensors[2]
+        pairs = kv_num.numel() * kv_indices.shape[-1]
+        if pairs == 0 or kv_num.dtype not in (torch.int32, torch.int64):
+            continue
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():    # real counts, outside the fake and recording modes
+            computed = int(kv_num.sum()) + (int(full_num.sum()) if full_num.shape == kv_num.shape else 0)
+        return min(1.0, computed / pairs)
+    return None
+
+
+def _flex_geometry(name, args) -> tuple[Optional[tuple], Optional[torch.Tensor], Optional[float]]:
+    """Flex attention (higher-order op): q, k in (batch, heads, seq, head dim) first."""
+    q, k = (args[0], args[1]) if len(args) > 1 else (None, None)
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4:
+        return None, None, None
+    geometry = (int(q.shape[0] * q.shape[1]), int(q.shape[2]), int(k.shape[2]), False, "backward" in name)
+    return geometry, q, _block_mask_density(args)
+
+
 def describe_op(func, args, kwargs, out) -> OpRecord:
     """What an op call is, in the terms the model costs it by."""
     kwargs = kwargs or {}
@@ -237,9 +285,13 @@ def describe_op(func, args, kwargs, out) -> OpRecord:
         return OpRecord(str(func), name, "conv", *shapes, flops, nbytes, _math_kind(operand),
                         bool(torch.backends.cudnn.allow_tf32))
     if "attention" in name:
-        geometry, query = _attention_geometry(name, _named_args(func, args, kwargs))
+        if name.startswith("flex_attention"):
+            geometry, query, fraction = _flex_geometry(name, args)
+        else:
+            (geometry, query), fraction = _attention_geometry(name, _named_args(func, args, kwargs)), None
         return OpRecord(str(func), name, "attention", *shapes, flops, nbytes,
-                        _math_kind(query if query is not None else inputs[0]), attention=geometry)
+                        _math_kind(query if query is not None else inputs[0]), attention=geometry,
+                        work_fraction=fraction)
     floats = [t for t in inputs if t.is_floating_point()]
     return OpRecord(str(func), name, "flops", *shapes, flops, nbytes, _math_kind(floats[0] if floats else None),
                     bool(torch.backends.cuda.matmul.allow_tf32))
@@ -305,7 +357,9 @@ def model_op(record: OpRecord, gpu: Union[str, GpuCompute, object],
     elif record.kind == "attention" and record.attention is not None:
         bh, sq, sk, causal, backward = record.attention
         efficiency = attention_efficiency(bh, sq, sk, backward, gpu.sm_count)
-        if causal:
+        if record.work_fraction is not None:
+            work *= record.work_fraction
+        elif causal:
             work *= causal_work(sq, sk)
     elif record.kind == "attention":
         efficiency = ATTENTION_BWD_EFFICIENCY if "backward" in record.name else ATTENTION_FWD_EFFICIENCY
@@ -313,6 +367,8 @@ def model_op(record: OpRecord, gpu: Union[str, GpuCompute, object],
         efficiency = CONV_EFFICIENCY
     else:
         efficiency = BASE_EFFICIENCY
+    if kind == "fp8":
+        efficiency *= FP8_EFFICIENCY_SCALE
     compute_s = work / (gpu.peak(kind) * efficiency)
     bound = "compute" if compute_s >= memory_s else "memory"
     return OpCost(record.name, record.kind, record.flops, record.bytes, max(compute_s, memory_s) + LAUNCH_S,

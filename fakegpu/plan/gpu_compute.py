@@ -14,6 +14,19 @@ from typing import Optional, Union
 from fakegpu.topology.profiles import PROFILES, GpuProfile, get_profile
 
 _KINDS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+# Under a power cap the GPU lowers its clock until the board draws no more than the cap. Dynamic
+# power goes as f x V^2 and, over the DVFS range, V with f, so power ~ f^3 and the sustained
+# clock ~ (cap / TDP)^(1/3): an H100 SXM capped at 500 W of its 700 W runs its math at 0.894 of
+# the boost clock (TorchTitan's published H100 runs are at 500 W). Memory bandwidth is not
+# scaled: HBM runs on its own clock.
+POWER_EXPONENT = 1.0 / 3.0
+
+
+def clock_factor(tdp_w: Optional[float], power_limit_w: Optional[float]) -> float:
+    """Share of the boost clock a GPU sustains under ``power_limit_w`` (1 when uncapped)."""
+    if not power_limit_w or not tdp_w or power_limit_w >= tdp_w:
+        return 1.0
+    return (power_limit_w / tdp_w) ** POWER_EXPONENT
 
 
 @dataclass(frozen=True)
@@ -40,8 +53,10 @@ class GpuCompute:
         if missing:
             raise KeyError(f"fakegpu: GPU profile {profile.name!r} has no {', '.join(missing)} "
                            f"(fakegpu/topology/profiles.py); the compute model needs them")
-        return cls(profile.name, {k: profile.peak_tflops(k) for k in _KINDS}, profile.hbm_gbs,
-                   profile.sm_count, profile.boost_clock_ghz)
+        factor = clock_factor(profile.tdp_w, profile.power_limit_w)
+        peaks = {k: (None if profile.peak_tflops(k) is None else profile.peak_tflops(k) * factor)
+                 for k in _KINDS}
+        return cls(profile.name, peaks, profile.hbm_gbs, profile.sm_count, profile.boost_clock_ghz * factor)
 
 
 COMPUTE: dict[str, GpuCompute] = {name: GpuCompute.from_profile(p) for name, p in PROFILES.items()}

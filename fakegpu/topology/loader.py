@@ -12,6 +12,8 @@ costs milliseconds and a clear error instead of gigabytes or a RecursionError.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from typing import Any, Union
@@ -411,13 +413,20 @@ def _fabric(spec: dict) -> Fabric:
     )
 
 
+def _gpu(entry: dict):
+    profile = get_profile(entry["profile"])
+    if "power_limit_w" in entry:
+        profile = dataclasses.replace(profile, power_limit_w=float(entry["power_limit_w"]))
+    return profile
+
+
 def _to_topology(data: dict, source: str) -> Topology:
     nodes = tuple(
         Node(
             id=n["id"],
             host=n.get("host", n["id"]),
             ranks=tuple(n["ranks"]),
-            gpus=tuple(get_profile(g["profile"]) for g in n["gpus"]),
+            gpus=tuple(_gpu(g) for g in n["gpus"]),
             nics=int(n.get("nics", 1)),
             nic_bandwidth_gbps=float(n["nic_bandwidth_gbps"]) if "nic_bandwidth_gbps" in n else None,
             nvlink_bridges=tuple(tuple(sorted(p)) for p in n.get("nvlink_bridges", [])),

@@ -40,6 +40,9 @@ class GpuProfile:
     sm_count: Optional[int] = None          # streaming multiprocessors
     boost_clock_ghz: Optional[float] = None  # the clock the peaks above are quoted at
     tdp_w: Optional[float] = None           # board power the peaks are quoted under
+    # A power cap below tdp_w (a YAML gpu's `power_limit_w`): the clocks, and with them the
+    # tensor-core and CUDA-core peaks, drop (fakegpu.plan.gpu_compute); None: run at tdp_w.
+    power_limit_w: Optional[float] = None
     compute_source: str = ""                # where the compute figures come from
 
     def peak_tflops(self, kind: str) -> Optional[float]:
@@ -75,6 +78,7 @@ class GpuProfile:
             "sm_count": self.sm_count,
             "boost_clock_ghz": self.boost_clock_ghz,
             "tdp_w": self.tdp_w,
+            "power_limit_w": self.power_limit_w,
             "compute_source": self.compute_source,
         }
 
@@ -100,6 +104,12 @@ _COMPUTE = {
                           ghz=1.41, tdp=400),
     "h100": _compute(_H100, fp64=67.0, fp32=67.0, tf32=494.5, bf16=989.0, fp8=1979.0, hbm=3350.0, sms=132,
                      ghz=1.98, tdp=700),
+    # Meta's Grand Teton H100 (TorchTitan's published runs): the SXM5 part with 96 GB of HBM2e at
+    # 2.4 TB/s instead of 80 GB of HBM3 at 3.35 TB/s; TorchTitan's docs/performance.md.
+    "h100-96gb": _compute(_H100 + "; memory: 96 GB HBM2e at 2.4 TB/s (TorchTitan docs/performance.md, "
+                          "Grand Teton)",
+                          fp64=67.0, fp32=67.0, tf32=494.5, bf16=989.0, fp8=1979.0, hbm=2400.0, sms=132,
+                          ghz=1.98, tdp=700),
     "h100-pcie": _compute("NVIDIA H100 data sheet, H100 PCIe: 51 FP32, 51 FP64 tensor, 756* TF32, 1513* BF16, "
                           "3026* FP8, 2.0 TB/s; 114 SMs at 1.755 GHz",
                           fp64=51.0, fp32=51.0, tf32=378.0, bf16=756.0, fp8=1513.0, hbm=2000.0, sms=114,
@@ -155,6 +165,8 @@ _CATALOGUE = [
     # The PCIe card's NVLink bridge joins two cards (a node's `nvlink_bridges`); NVIDIA quotes
     # 600 GB/s both ways, and nccl-tests reaches 116 GB/s busbw over it (NVIDIA/nccl-tests issue
     # 194), so the effective per-direction rate is 141 GB/s at NVLink's 0.82 efficiency.
+    GpuProfile("h100-96gb", "NVIDIA H100 SXM5 96GB HBM2e (NVLink4)", 96, 450.0, 64.0, nvls=True,
+               **_COMPUTE["h100-96gb"]),
     GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, None, 64.0, nvlink_bridge_gbs=141.0,
                **_COMPUTE["h100-pcie"]),
     # The export H800 keeps NVLink4's switch and NVLS but 8 of its 18 links: 400 GB/s both ways.
@@ -184,6 +196,8 @@ _ALIASES = {
     "a100-80g": "a100-80gb",
     "h100-sxm": "h100",
     "h100-80gb": "h100",
+    "h100-hbm2e": "h100-96gb",
+    "h100-sxm-96gb": "h100-96gb",
     "h200-sxm": "h200",
     "rtx-4090": "rtx4090",
     "rtx-5090": "rtx5090",

@@ -59,7 +59,9 @@ CLUSTER_CONFIG_SCHEMA = {
                             "type": "object",
                             "required": ["profile"],
                             "additionalProperties": False,
-                            "properties": {"profile": {"type": "string", "minLength": 1}},
+                            "properties": {"profile": {"type": "string", "minLength": 1},
+                                           # board power cap, watts (nvidia-smi -pl); lowers clocks
+                                           "power_limit_w": _POSITIVE},
                         },
                     },
                     "nics": {"type": "integer", "minimum": 1},

@@ -1,0 +1,112 @@
+"""Model options that change which kernels run, not the program: torch.compile and Float8.
+
+Both rewrite a captured step's records (fakegpu.plan.compute.OpRecord), so one capture of the
+eager program is costed either way.
+
+* :func:`fuse_memory_chains` (``torch.compile``): Inductor fuses a run of memory-bound ops
+  (elementwise, reductions, norms) between two matmuls or attentions into one kernel.  A
+  maximal run of consecutive memory-bound records in the forward or backward becomes one
+  record that launches once and moves only what crosses its boundary: the buffers it reads
+  that it did not write itself, and the buffers it writes that a later op reads (saved
+  activations, the next matmul's input).  Intermediates stay in registers.  The optimizer's
+  ``_foreach`` kernels and FSDP2's copy-in/copy-out are outside compiled regions (TorchTitan
+  compiles the model's blocks and the loss) and are left alone.
+* :func:`float8_matmuls` (TorchTitan's Float8 linears, dynamic tensorwise scaling): a bf16
+  matmul of a linear layer runs on the FP8 tensor cores, after its two operands are cast to
+  float8 (an extra memory-bound pass per operand: read bf16, write fp8; without compile also a
+  separate amax pass).  Matmuls with a dimension in ``excluded_dims`` (TorchTitan leaves the
+  output projection, the vocabulary dimension, in bf16) are unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Collection, Sequence
+
+from .compute import OpRecord
+
+_FUSIBLE_PHASES = ("forward", "backward", "loss", "recompute")
+_NOT_COMPILED_PREFIXES = ("_foreach", "split_with_sizes_copy", "_chunk_cat", "chunk_cat", "all_gather_copy_in",
+                          "copy_")
+# bytes per element moved to cast one bf16 operand to float8, over its bf16 bytes: a compiled
+# cast fuses the amax into the producer and reads 2 B, writes 1 B (1.5x); eager adds the amax
+# pass's read (2.5x).
+CAST_BYTES_COMPILED = 1.5
+CAST_BYTES_EAGER = 2.5
+
+
+def _fusible(record: OpRecord) -> bool:
+    return (record.kind == "memory" and record.phase in _FUSIBLE_PHASES
+            and not record.name.startswith(_NOT_COMPILED_PREFIXES))
+
+
+def _passive(record: OpRecord) -> bool:
+    return record.kind in ("view", "no_kernel")
+
+
+def fuse_memory_chains(records: Sequence[OpRecord]) -> list[OpRecord]:
+    """The records as torch.compile would run them (see the module docstring)."""
+    records = list(records)
+    last_read: dict = {}
+    for index, record in enumerate(records):
+        for key, _ in record.reads:
+            last_read[key] = index
+    out: list[OpRecord] = []
+    i = 0
+    while i < len(records):
+        if not _fusible(records[i]):
+            out.append(records[i])
+            i += 1
+            continue
+        chain, passive, j = [], [], i
+        while j < len(records) and (_fusible(records[j]) or _passive(records[j])) and \
+                records[j].phase == records[i].phase and records[j].step == records[i].step:
+            (chain if _fusible(records[j]) else passive).append(records[j])
+            j += 1
+        if len(chain) == 1:
+            out.extend(records[i:j])
+            i = j
+            continue
+        written: dict = {}
+        reads: dict = {}
+        for record in chain:
+            for key, nbytes in record.reads:
+                if key not in written:
+                    reads.setdefault(key, nbytes)
+            for key, nbytes in record.writes:
+                written[key] = nbytes
+        escaping = {key: n for key, n in written.items() if last_read.get(key, -1) >= j or key in reads}
+        nbytes = sum(reads.values()) + sum(escaping.values())
+        first = chain[0]
+        out.append(dataclasses.replace(
+            first, op=f"fused({len(chain)})", name=f"fused_{first.name}", bytes=nbytes,
+            reads=tuple(reads.items()), writes=tuple(written.items())))
+        out.extend(passive)
+        i = j
+    return out
+
+
+def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] = (),
+                   compiled: bool = True) -> list[OpRecord]:
+    """The records with linear-layer matmuls on the FP8 tensor cores (module docstring)."""
+    factor = CAST_BYTES_COMPILED if compiled else CAST_BYTES_EAGER
+    excluded = set(int(d) for d in excluded_dims)
+    out: list[OpRecord] = []
+    for record in records:
+        if record.kind != "matmul" or record.math != "bf16" or record.matmul is None:
+            out.append(record)
+            continue
+        _batch, m, n, k = record.matmul
+        if excluded & {m, n, k}:
+            out.append(record)
+            continue
+        operand_bytes = 0
+        for shape in record.input_shapes[-2:] if record.name in ("addmm", "baddbmm") else record.input_shapes[:2]:
+            elements = 1
+            for d in shape:
+                elements *= d
+            operand_bytes += elements * 2
+        out.append(dataclasses.replace(
+            record, op="float8_cast", name="float8_cast", kind="memory", flops=0,
+            bytes=int(operand_bytes * factor), math=None, matmul=None, writes=()))
+        out.append(dataclasses.replace(record, math="fp8", name=f"{record.name}_fp8"))
+    return out

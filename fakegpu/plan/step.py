@@ -1,0 +1,133 @@
+"""One rank's training step on the cluster: captured records -> timed tasks -> timeline.
+
+Compute records are timed by the compute model on the GPU the cluster YAML gives the rank
+(fakegpu.plan.compute.model_op); collectives by fakegpu's communication cost model on the
+YAML's topology (fakegpu.costmodel.estimate), each on its process group's stream.  The model
+options (torch.compile fusion, Float8 linears) rewrite the records first
+(fakegpu.plan.options).  The result, :class:`StepTimes`, is what the planner reports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Collection, Optional, Sequence
+
+from fakegpu import costmodel
+
+from .compute import OpRecord, model_op
+from .gpu_compute import compute_of
+from .options import float8_matmuls, fuse_memory_chains
+from .timeline import COMPUTE, Task, Timeline, simulate
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    compile: bool = False
+    float8: bool = False
+    float8_excluded_dims: tuple = ()   # matmul dimensions left in bf16 (the vocabulary's)
+    allow_tf32: Optional[bool] = None
+
+
+@dataclass
+class StepTimes:
+    timeline: Timeline
+    step_seconds: float                 # the last captured step, steady state
+    phase_seconds: dict                 # phase -> compute-stream span of the last step
+    exposed: dict                       # group label -> exposed seconds in the last step
+    communication: dict                 # group label -> collective seconds in the last step
+    compute_seconds: float              # kernel time of the last step
+    flops: int                          # FLOPs of the last step (recomputation included)
+    records: list = field(default_factory=list, repr=False)
+
+
+def apply_options(records: Sequence[OpRecord], options: ModelOptions) -> list[OpRecord]:
+    out = list(records)
+    if options.compile:
+        out = fuse_memory_chains(out)
+    if options.float8:
+        out = float8_matmuls(out, options.float8_excluded_dims, compiled=options.compile)
+    return out
+
+
+class CollectiveTimer:
+    """Seconds of a collective on the topology, cached by (kind, count, size, ranks)."""
+
+    def __init__(self, topology):
+        self.topology = topology
+        self._cached = lru_cache(maxsize=None)(self._estimate)
+
+    def _estimate(self, kind: str, count: int, elem_size: int, ranks: tuple, peer: int) -> float:
+        return costmodel.estimate(kind, count, elem_size, list(ranks), 0, peer, self.topology).seconds
+
+    def seconds(self, kind: str, count: int, elem_size: int, ranks: Sequence[int], peer: int = 0) -> float:
+        if len(ranks) <= 1 and kind != "SendRecv":
+            return 0.0
+        return self._cached(kind, int(count), int(elem_size), tuple(ranks), peer)
+
+
+def tasks_of(records: Sequence[OpRecord], gpu, timer: CollectiveTimer, labels: Optional[dict] = None,
+             allow_tf32: Optional[bool] = None) -> list[Task]:
+    """Timed tasks, program order.  ``labels``: group name -> what to report it as."""
+    gpu = compute_of(gpu)
+    labels = labels or {}
+    tasks = []
+    for r in records:
+        reads = tuple(k for k, _ in r.reads)
+        writes = tuple(k for k, _ in r.writes)
+        if r.collective is not None:
+            c = r.collective
+            seconds = timer.seconds(c.kind, c.count, c.elem_size, c.ranks, 1 if c.kind == "SendRecv" else 0)
+            label = labels.get(c.group, c.group)
+            tasks.append(Task(r.name, seconds, f"group:{c.group}", reads, writes, label, r.step))
+        elif r.kind in ("view", "no_kernel"):
+            continue
+        else:
+            cost = model_op(r, gpu, allow_tf32)
+            tasks.append(Task(r.name, cost.seconds, COMPUTE, reads, writes, None, r.step))
+    return tasks
+
+
+def step_times(records: Sequence[OpRecord], gpu, topology, options: ModelOptions = ModelOptions(),
+               labels: Optional[dict] = None, step: Optional[int] = None) -> StepTimes:
+    """Time the captured step(s) and report the last one (earlier ones warm up: the optimizer
+    creates its state in the first)."""
+    records = apply_options(records, options)
+    timer = CollectiveTimer(topology)
+    tasks = tasks_of(records, gpu, timer, labels, options.allow_tf32)
+    timeline = simulate(tasks)
+    last = max((t.step for t in tasks), default=0) if step is None else step
+    phases: dict[str, list] = {}
+    # the phase spans on the compute stream (records and tasks line up once passive ones drop)
+    kept = [r for r in records if r.collective is not None or r.kind not in ("view", "no_kernel")]
+    communication: dict[str, float] = {}
+    compute_s = 0.0
+    for record, task, s, e in zip(kept, tasks, timeline.start, timeline.end):
+        if task.step != last:
+            continue
+        if task.stream == COMPUTE:
+            compute_s += task.seconds
+            span = phases.setdefault(record.phase or "other", [s, e])
+            span[0], span[1] = min(span[0], s), max(span[1], e)
+        else:
+            communication[task.group_label] = communication.get(task.group_label, 0.0) + task.seconds
+    flops = sum(r.flops for r in records if r.step == last)
+    return StepTimes(timeline, timeline.step_seconds(last), {k: v[1] - v[0] for k, v in phases.items()},
+                     timeline.exposed_in_step(last), communication, compute_s, flops, records)
+
+
+def mesh_labels(mesh) -> dict:
+    """Group name -> mesh dimension name for a DeviceMesh (flattened dimensions included)."""
+    labels = {}
+    if mesh is None:
+        return labels
+    names = list(getattr(mesh, "mesh_dim_names", None) or [])
+    for name in names:
+        try:
+            labels[mesh[name].get_group().group_name] = name
+        except Exception:   # noqa: BLE001 - a dimension without its own group
+            continue
+    return labels
+
+
+def group_label(group_name: str, ranks: Collection[int]) -> str:
+    return f"{group_name} ({len(ranks)} ranks)"

@@ -1,0 +1,341 @@
+"""Capture one TorchTitan training step at full size, on fake tensors, as one rank plays it.
+
+The model, its parallelization (TorchTitan's own ``parallelize_fn``: FSDP2 / HSDP with its
+mixed-precision policy, tensor and sequence parallelism, activation checkpointing), the
+optimizer and the step's ops are those TorchTitan's trainer builds from the same config, run
+as estimate_memory runs them: fake tensors (no memory), torch's ``fake`` process group over
+the whole logical world (collectives complete at once), logical rank 0.  Every op and
+collective of two steps is recorded (fakegpu.plan.capture.OpRecorder), tagged with its phase
+(forward, loss, backward, optimizer), and every allocation is replayed through fakegpu's model
+of the CUDA caching allocator for the peak reserved memory.
+
+Layers are identical, so a deep model is captured at two small depths and extrapolated
+linearly in the layer count (times, FLOPs, memory): what a layer adds is what the difference
+of the two captures adds per layer.  Pipeline parallelism captures one model chunk (its share
+of the layers) for one micro-batch; fakegpu.plan.pipeline schedules the chunks.
+
+What TorchTitan compiles or converts is not run here: ``compile.enable`` and a Float8 linear
+converter become model options of the cost model (fakegpu.plan.options).
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+GiB = 1024 ** 3
+
+
+@dataclass
+class Layout:
+    """The parallelism and batch a TorchTitan config resolves to on ``world_size`` GPUs."""
+    world_size: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    cp: int
+    local_batch_size: int
+    seq_len: int
+    microbatch_size: int
+    pp_schedule: str
+    ac: str                 # none | selective | full
+    compile: bool
+    float8: bool
+    n_layers: int
+    flavor: str
+    module: str
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def describe(self) -> str:
+        parts = [f"dp_shard {self.dp_shard}"]
+        for name in ("dp_replicate", "tp", "pp", "cp"):
+            if getattr(self, name) > 1:
+                parts.append(f"{name} {getattr(self, name)}")
+        parts.append(f"local batch {self.local_batch_size}")
+        parts.append(f"seq {self.seq_len}")
+        parts.append(f"AC {self.ac}")
+        if self.pp > 1:
+            parts.append(self.pp_schedule)
+        if self.compile:
+            parts.append("compile")
+        if self.float8:
+            parts.append("float8")
+        return ", ".join(parts)
+
+
+@dataclass
+class TitanCapture:
+    layout: Layout
+    records: list
+    labels: dict                         # group name -> mesh dimension name
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    activation_bytes: int                # one micro-batch's activations at the backward's start
+    phase_peaks: dict                    # phase -> peak allocated bytes in the last step
+    captured_layers: int
+    nparams: int                         # of the captured (maybe shallower) model
+    flops_per_token: int                 # TorchTitan's own count for the captured model
+    vocab_size: int
+    dim: int
+    extra: dict = field(default_factory=dict)
+
+
+def _ac_name(config) -> str:
+    ac = getattr(config, "activation_checkpoint", None)
+    if ac is None:
+        return "none"
+    name = type(ac).__qualname__.lower()
+    return "full" if "full" in name else ("selective" if "selective" in name else "none")
+
+
+def _float8_converters(model_spec) -> bool:
+    converters = getattr(model_spec, "converters", None) or []
+    model = getattr(model_spec, "model", None)
+    converters = list(converters) + list(getattr(model, "converters", None) or [])
+    return any("float8" in type(c).__qualname__.lower() for c in converters)
+
+
+def layout_of(config, world_size: int) -> Layout:
+    """The layout a TorchTitan config resolves to (TorchTitan's own ParallelDims rules)."""
+    from torchtitan.distributed import ParallelDims
+
+    par = config.parallelism
+    dims = ParallelDims.from_config(par, world_size)
+    spec = config.model_spec
+    n_layers = len(spec.model.layers)
+    schedule = str(par.pipeline_parallel_schedule)
+    compile_on = bool(getattr(config.compile, "enable", False)) and "model" in list(config.compile.components)
+    return Layout(world_size, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, dims.cp,
+                  int(config.training.local_batch_size), int(config.training.seq_len),
+                  int(par.pipeline_parallel_microbatch_size), schedule, _ac_name(config), compile_on,
+                  _float8_converters(spec), n_layers, spec.flavor, spec.name)
+
+
+def pipeline_chunks(layout: Layout, layers_per_stage: Optional[int] = None) -> int:
+    """Model chunks per pipeline rank: 1 for single-stage schedules, else TorchTitan's default
+    of two stages per rank (or what ``layers_per_stage`` gives)."""
+    from .pipeline import normalize_schedule
+
+    if layout.pp == 1 or normalize_schedule(layout.pp_schedule) != "interleaved_1f1b":
+        return 1
+    if layers_per_stage:
+        return max(1, math.ceil(layout.n_layers / layers_per_stage / layout.pp))
+    return 2
+
+
+def _flex_on_fake():
+    from fakegpu.fake.estimate_memory import _flex_attention_on_fake_tensors
+
+    return _flex_attention_on_fake_tensors()
+
+
+def _uses_flex(model) -> bool:
+    from torchtitan.models.common.attention import FlexAttention
+
+    return any(isinstance(m, FlexAttention) for m in model.modules())
+
+
+def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size: Optional[int] = None,
+            steps: int = 2, device_gib: float = 96.0) -> TitanCapture:
+    """Record ``steps`` training steps of ``config`` as logical rank 0 of ``world_size``.
+
+    ``n_layers``: build that many transformer blocks instead of the config's (pipeline chunks,
+    depth extrapolation).  ``batch_size``: the batch one forward runs (a micro-batch under
+    pipeline parallelism); default the config's local batch."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import torchtitan.distributed.parallel_dims as titan_dims
+    from torchtitan.distributed import ParallelDims
+
+    from fakegpu.fake.estimate_memory import _AllocatorReplay, _replay_mode, _resize_hook
+
+    from .capture import OpRecorder
+
+    layout = layout_of(config, world_size)
+    config = copy.deepcopy(config)
+    par = config.parallelism
+    if str(getattr(par, "spmd_backend", "")) == "spmd_types" and not hasattr(dist, "set_timeout"):
+        par.spmd_backend = "partial_dtensor"   # torch 2.13's FSDP2 refuses spmd_types' plain tensors
+    config.compile.enable = False              # a model option here, not a compiled program
+    spec = config.model_spec
+    if layout.float8:                          # likewise: rebuild the spec without the converter
+        module = importlib.import_module(f"torchtitan.models.{spec.name}")
+        spec = module.model_registry(spec.flavor)
+        config.model_spec = spec
+    model_config = spec.model
+    if n_layers is not None:
+        model_config.layers = list(model_config.layers)[:n_layers]
+    batch = int(batch_size or layout.local_batch_size)
+    seq = layout.seq_len
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        titan_dims.device_type = "cpu"          # fake tensors live on the CPU (see estimate_memory)
+        parallel_dims = ParallelDims.from_config(par, world_size)
+        parallel_dims.build_mesh()
+        labels = _group_labels(parallel_dims)
+        model_config.update_from_config(config=config)
+        with torch.device("meta"):
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32)
+            model = model_config.build()
+            torch.set_default_dtype(previous)
+        model = spec.parallelize_fn(model, parallel_dims=parallel_dims, training=config.training,
+                                    parallelism=config.parallelism, compile_config=config.compile,
+                                    ac_config=config.activation_checkpoint, dump_folder="/tmp")
+        attention_kwargs = {}
+        if _uses_flex(model):
+            from torch.nn.attention.flex_attention import create_block_mask
+            from torchtitan.models.common.attention import FlexAttention
+
+            FlexAttention.compiled_flex_attn = staticmethod(_flex_on_fake())
+            attention_kwargs["attention_masks"] = create_block_mask(
+                lambda b, h, q, kv: q >= kv, batch, None, seq, seq, device="cpu")
+        replay = _AllocatorReplay(int(device_gib * GiB))
+        vocab = int(getattr(model_config, "vocab_size", 0) or 128256)
+        dim = int(getattr(model_config, "dim", 0) or 0)
+        tp_mesh = parallel_dims.get_optional_mesh("tp") if parallel_dims.tp > 1 else None
+        activation = 0
+        with FakeTensorMode(allow_non_fake_inputs=True), _resize_hook(replay):
+            with _replay_mode(replay):
+                model.to_empty(device="cpu")
+            model.train()
+            # TorchTitan's AdamW; the per-parameter loop (see estimate_memory for why).
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                                          weight_decay=0.1, foreach=False, fused=False)
+            recorder = OpRecorder()
+            peaks = _PhasePeaks(replay, recorder)
+            with _replay_mode(replay), peaks, recorder:
+                for step in range(steps):
+                    tokens = torch.randint(0, vocab, (batch, seq))
+                    labels_t = torch.randint(0, vocab, (batch, seq))
+                    before = replay.allocator.stat("allocated_bytes")
+                    with recorder.phase("forward", step):
+                        logits = model(tokens, **attention_kwargs)
+                    with recorder.phase("loss", step):
+                        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                                 labels_t.flatten())
+                        del logits
+                    activation = max(activation, replay.allocator.stat("allocated_bytes") - before)
+                    with recorder.phase("backward", step):
+                        loss.backward()
+                    with recorder.phase("optimizer", step):
+                        _clip_grad_norm(model, parallel_dims)
+                        optimizer.step()
+                        optimizer.zero_grad()
+            nparams_local = sum(_local(p).numel() for p in model.parameters())
+        nparams, flops_per_token = _titan_flops(model_config, model, seq, parallel_dims)
+        return TitanCapture(layout, recorder.records, labels,
+                            int(replay.allocator.stat("reserved_bytes", field="peak")),
+                            int(replay.allocator.stat("allocated_bytes", field="peak")),
+                            int(activation), peaks.last_step(), len(model_config.layers), nparams, flops_per_token, vocab, dim,
+                            {"nparams_local": nparams_local, "tp_mesh": tp_mesh is not None})
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# Which name a group is reported under when several mesh dimensions share it (with data
+# parallelism only, "batch", "loss" and "fsdp" are the same ranks): the parallelism first.
+_LABEL_ORDER = ("tp", "cp", "pp", "fsdp", "dp_shard", "dp_replicate", "ep", "efsdp", "dp", "batch", "loss")
+
+
+def _group_labels(parallel_dims) -> dict:
+    meshes = dict(getattr(parallel_dims, "_single_axis_meshes", {}) or {})
+    labels: dict = {}
+    for name in sorted(meshes, key=lambda n: _LABEL_ORDER.index(n) if n in _LABEL_ORDER else len(_LABEL_ORDER)):
+        mesh = meshes[name]
+        if mesh is not None and mesh.size() > 1:
+            labels.setdefault(mesh.get_group().group_name, name)
+    return labels
+
+
+class _PhasePeaks:
+    """Peak allocated bytes per (step, phase), sampled after every op: each phase's peak grows
+    linearly with depth even where the step's overall peak moves from one phase to another."""
+
+    def __init__(self, replay, recorder):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        peaks: dict = {}
+
+        class Sample(TorchDispatchMode):
+            supports_higher_order_operators = True
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                key = (recorder.current_step, recorder.current_phase)
+                now = replay.allocator.stat("allocated_bytes")
+                if now > peaks.get(key, -1):
+                    peaks[key] = now
+                return out
+
+        self.peaks = peaks
+        self._mode = Sample()
+
+    def __enter__(self):
+        return self._mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+    def last_step(self) -> dict:
+        last = max((s for s, _ in self.peaks), default=0)
+        return {phase: int(v) for (s, phase), v in self.peaks.items() if s == last}
+
+
+def _local(t):
+    return getattr(t, "_local_tensor", t)
+
+
+def _clip_grad_norm(model, parallel_dims) -> None:
+    """TorchTitan's gradient clipping (its norm is all-reduced over the mesh)."""
+    import torch
+
+    from torchtitan.distributed.utils import clip_grad_norm_
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if params:
+        pp_mesh = parallel_dims.get_optional_mesh("pp") if parallel_dims.pp > 1 else None
+        with torch.no_grad():
+            clip_grad_norm_(params, 1.0, foreach=True, pp_mesh=pp_mesh)
+
+
+def _titan_flops(model_config, model, seq: int, parallel_dims) -> tuple[int, int]:
+    """(parameters, FLOPs per token) as TorchTitan's trainer counts them for its MFU: 6 x the
+    non-embedding parameters + 12 x layers x heads x head dim x sequence."""
+    layers = len(model_config.layers)
+    attention = model_config.layers[0].attention if layers else None
+    heads = int(getattr(attention, "n_heads", 0) or 0)
+    dim = int(getattr(model_config, "dim", 0) or 0)
+    head_dim = dim // heads if heads else 0
+    nparams = sum(_global_numel(p) for p in model.parameters())
+    embedding = sum(_global_numel(p) for n, p in model.named_parameters() if "embed" in n)
+    return nparams, int(6 * (nparams - embedding) + 12 * layers * heads * head_dim * seq)
+
+
+def model_size(config) -> tuple[int, int]:
+    """(parameters, FLOPs per token) of the whole model a config describes (built on the meta
+    device: nothing is allocated), counted as TorchTitan counts them for its MFU."""
+    import torch
+
+    model_config = copy.deepcopy(config.model_spec.model)
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    return _titan_flops(model_config, model, int(config.training.seq_len), None)
+
+
+def _global_numel(p) -> int:
+    return int(math.prod(p.shape))
