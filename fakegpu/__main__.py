@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "run": ("fakegpu.cli.run", "launch a command under fakegpu (same as `fgpu`)"),
     "doctor": ("fakegpu.cli.doctor", "show the environment fgpu would set and check the shim"),
     "model": ("fakegpu.cli.model", "the cost model's nccl-tests table for a cluster YAML (nothing runs)"),
+    "plan": ("fakegpu.cli.plan", "predicted step time, tokens/s, MFU and memory of a job on a cluster YAML"),
     "demo": ("fakegpu.cli.demo", "train a small model on 4 CPU ranks over a 2-node topology"),
     "fake": ("fakegpu.fake.cli", "fake worlds: launch contract, event -> report, memory compare, example"),
 }

@@ -21,6 +21,8 @@ examples:
   fgpu --listen 0.0.0.0:29591 --token-file ~/.fakegpu-token -- torchrun --nnodes 2 ...
   fgpu doctor            check the shim, the environment and the coordinator
   fgpu model CLUSTER.yaml --op allreduce -b 8 -e 8G -f 2   the cost model's nccl-tests table
+  fgpu plan --cluster-config CLUSTER.yaml -- torchrun --nnodes 16 --nproc-per-node 8 -m torchtitan.train ...
+                         predicted step time, tokens/s per GPU, MFU and memory (docs/planning.md)
   fgpu demo              train a small FSDP2 x TP model on 4 CPU ranks over a 2-node topology
 
 The command's exit status is fgpu's exit status (128+N when it died of signal N).
@@ -49,6 +51,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu") -> int:
         from fakegpu.cli import model
 
         return model.main(argv[1:], prog=f"{prog} model")
+    if argv and argv[0] == "plan":
+        from fakegpu.cli import plan
+
+        return plan.main(argv[1:], prog=f"{prog} plan")
     if argv and argv[0] == "demo":
         from fakegpu.cli import demo
 

@@ -108,6 +108,10 @@ def install() -> None:
                                  group_name, pg_options, device_id, **kwargs)
         _check_explicit(world_size, rank)
         fake_pg.init_process_group(timeout=timeout)
+        if os.environ.get("FAKEGPU_PLAN_RECORD"):   # fgpu plan on a script: record from here on
+            from fakegpu.plan.generic import start_recording
+
+            start_recording()
 
     dist.init_process_group = init_process_group
     c10d.init_process_group = init_process_group

@@ -75,6 +75,11 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
                     f"pass its local tensor")
 
 
+# Callables told of every collective a fake-world group runs: (kind, members, element size,
+# count, communicator name, tensors). fgpu plan records a script's collectives through it.
+COLLECTIVE_OBSERVERS: list = []
+
+
 class _Buf:
     """A contiguous plain stand-in for a tensor; ``set()`` writes a result back into it."""
 
@@ -173,9 +178,12 @@ class FakeWorldProcessGroup(GroupBase):
 
     # -- accounting -------------------------------------------------------------------------------
     def _account(self, kind: str, tensor_np: np.ndarray, count: int, *, redop=None,
-                 root: int = -1, peer: int = -1) -> None:
+                 root: int = -1, peer: int = -1, tensors: Sequence[torch.Tensor] = ()) -> None:
         self._world.comm_op(self.comm_name, self.members, self.rank(), kind, _dtype_name(tensor_np),
                             tensor_np.dtype.itemsize, count, redop=redop, root=root, peer=peer)
+        for observe in COLLECTIVE_OBSERVERS:   # fgpu plan's recorder (fakegpu.plan.generic)
+            observe(kind, tuple(self.members), int(tensor_np.dtype.itemsize), int(count), self.comm_name,
+                    tuple(tensors))
 
     def _reduce_local(self, buf: _Buf, reduce_op, values: Optional[np.ndarray] = None) -> np.ndarray:
         redop, scale = _reduction(reduce_op, buf.tensor)
@@ -211,7 +219,7 @@ class FakeWorldProcessGroup(GroupBase):
         for t in tensors:
             b = _Buf(t)
             redop, _ = _reduction(reduce_op, t)
-            self._account("AllReduce", b.np, b.np.size, redop=redop)
+            self._account("AllReduce", b.np, b.np.size, redop=redop, tensors=(t,))
             if real is None:
                 b.set(self._reduce_local(b, reduce_op))
                 continue
@@ -241,7 +249,7 @@ class FakeWorldProcessGroup(GroupBase):
         root = opts.rootRank if opts is not None else 0
         t = tensors[opts.rootTensor if opts is not None else 0]
         b = _Buf(t)
-        self._account("Broadcast", b.np, b.np.size, root=root)
+        self._account("Broadcast", b.np, b.np.size, root=root, tensors=(t,))
         real = self._real_group()
         if real is not None:
             o = dist.BroadcastOptions()
@@ -272,7 +280,7 @@ class FakeWorldProcessGroup(GroupBase):
         real = self._real_group()
         for outs, inp in zip(output_tensors, input_tensors):
             src = _Buf(inp)
-            self._account("AllGather", src.np, src.np.size)
+            self._account("AllGather", src.np, src.np.size, tensors=(inp, *outs))
             if real is None:
                 for out in outs:
                     if out.numel() != inp.numel():
@@ -287,7 +295,7 @@ class FakeWorldProcessGroup(GroupBase):
         outs = []
         for output, input_ in pairs:
             src = _Buf(input_)
-            self._account("AllGather", src.np, src.np.size)
+            self._account("AllGather", src.np, src.np.size, tensors=(input_, output))
             out = _Buf(output)
             if real is not None:
                 real._allgather_base(out.buffer, src.buffer).wait()
@@ -306,7 +314,7 @@ class FakeWorldProcessGroup(GroupBase):
         for output, input_ in pairs:
             out, src = _Buf(output), _Buf(input_)
             redop, _ = _reduction(reduce_op, output)
-            self._account("ReduceScatter", out.np, out.np.size, redop=redop)
+            self._account("ReduceScatter", out.np, out.np.size, redop=redop, tensors=(input_, output))
             if real is not None:
                 self._real_reduction(reduce_op, [src.buffer], [out.buffer],
                                      lambda ins, o: real._reduce_scatter_base(out.buffer, ins[0], o),
@@ -332,7 +340,7 @@ class FakeWorldProcessGroup(GroupBase):
         n = self.size()
         out, src = _Buf(output), _Buf(input_)
         per_rank = src.np.size // n if src.np.size % n == 0 else max(src.np.size // n, 1)
-        self._account("AlltoAll", src.np, per_rank)
+        self._account("AlltoAll", src.np, per_rank, tensors=(input_, output))
         real = self._real_group()
         if real is not None:
             return real.alltoall_base(output, input_, list(output_splits), list(input_splits))
@@ -402,7 +410,8 @@ class FakeWorldProcessGroup(GroupBase):
         b = _Buf(tensors[0])
         sending = kind == "send"
         me = self.rank()
-        self._account("SendRecv", b.np, b.np.size, root=me if sending else peer, peer=peer if sending else me)
+        self._account("SendRecv", b.np, b.np.size, root=me if sending else peer, peer=peer if sending else me,
+                      tensors=(tensors[0],))
         real = self._real_group()
         if sending:
             if real is not None:

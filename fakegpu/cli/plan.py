@@ -1,0 +1,287 @@
+"""`fgpu plan --cluster-config YAML [--json] [--sweep] -- CMD`: how fast CMD trains on that cluster.
+
+CMD is the launch a user would run on the cluster (``torchrun --nnodes 16 --nproc-per-node 8
+-m torchtitan.train --module llama3 --config llama3_8b ...``, or ``torchrun ... train.py``).
+Nothing runs at full size: a TorchTitan job is captured on fake tensors as logical rank 0
+(fakegpu.plan.titan); any other script runs once in a fake world (``fgpu --dist-mode fake``,
+NGPU = the launch's world size) with its ops and collectives recorded, as the small program it
+is on this machine.  Both are timed on the YAML's GPUs and fabric (docs/planning.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+GiB = 1024 ** 3
+
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module"}
+
+
+class PlanError(Exception):
+    pass
+
+
+def parse_launch(command: Sequence[str]) -> tuple[int, list[str]]:
+    """(world size, the program's own command line: ``-m MODULE ARGS`` or ``SCRIPT ARGS``) of a
+    torchrun / ``python -m torch.distributed.run`` launch; a plain ``python ...`` is NGPU ranks
+    (default 1)."""
+    cmd = list(command)
+    if not cmd:
+        raise PlanError("no command given: put the launch after `--`")
+    launcher = os.path.basename(cmd[0])
+    if launcher.startswith("python"):
+        if cmd[1:3] in (["-m", "torch.distributed.run"], ["-m", "torchrun"]):
+            rest = cmd[3:]
+        else:
+            return int(os.environ.get("NGPU", "1")), cmd[1:]
+    elif launcher == "torchrun":
+        rest = cmd[1:]
+    else:
+        raise PlanError(f"cannot plan {cmd[0]!r}: expected torchrun, python -m torch.distributed.run or python")
+    nnodes, nproc, i = 1, 1, 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("-") or arg == "-m":
+            break
+        key, _, value = arg.partition("=")
+        if key in _TORCHRUN_FLAGS:
+            i += 1
+            continue
+        if not value:
+            if i + 1 >= len(rest):
+                raise PlanError(f"torchrun option {key} needs a value")
+            value = rest[i + 1]
+            i += 2
+        else:
+            i += 1
+        if key in ("--nnodes",):
+            nnodes = int(value.split(":")[-1])
+        elif key in ("--nproc-per-node", "--nproc_per_node"):
+            if not value.isdigit():
+                raise PlanError(f"--nproc-per-node {value!r}: give the number of GPUs per node")
+            nproc = int(value)
+    program = rest[i:]
+    if not program:
+        raise PlanError("the torchrun command has no program")
+    return nnodes * nproc, program
+
+
+def _is_titan(program: list[str]) -> bool:
+    return program[:2] == ["-m", "torchtitan.train"]
+
+
+def _titan_config(args: list[str]):
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager().parse_args(list(args))
+
+
+def _format(plan) -> str:
+    d = plan.to_dict() if hasattr(plan, "to_dict") else plan
+    lines = [f"layout: {d['layout_text']} on {d['gpu']}",
+             f"step time:            {d['step_seconds']:.3f} s",
+             f"tokens/s per GPU:     {d['tokens_per_second_per_gpu']:,.0f}" if d.get("tokens_per_second_per_gpu")
+             else "tokens/s per GPU:     (unknown: pass --tokens-per-step)",
+             f"MFU:                  {d['mfu']:.1%}" if d.get("mfu") is not None else "MFU: -",
+             (f"peak reserved memory: {d['peak_memory_reserved_gib']:.1f} GiB of {d['gpu_memory_gib']:.1f}"
+              + ("" if d.get("fits", True) else "  (does NOT fit)")) if d.get("peak_memory_reserved_gib")
+             else "peak reserved memory: (not measured)"]
+    phases = d.get("phase_seconds") or {}
+    if phases:
+        lines.append("phases (compute stream): " + ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()))
+    comm = d.get("communication_seconds") or {}
+    exposed = d.get("exposed_communication_by_group", d.get("exposed_communication_seconds")) or {}
+    for group in sorted(set(comm) | set(exposed)):
+        lines.append(f"communication {group:>10}: {comm.get(group, 0.0):.3f} s, exposed {exposed.get(group, 0.0):.3f} s")
+    if d.get("pipeline_bubble_seconds"):
+        lines.append(f"pipeline bubble:      {d['pipeline_bubble_seconds']:.3f} s")
+    return "\n".join(lines)
+
+
+def _summary(plan_dict: dict) -> dict:
+    out = dict(plan_dict)
+    exposed = plan_dict.get("exposed_communication_seconds") or {}
+    out["exposed_communication_by_group"] = exposed
+    out["exposed_communication_seconds"] = float(sum(exposed.values()))
+    return out
+
+
+def _load_topology(path: Optional[str], world: int):
+    from fakegpu.topology import load_cluster_config
+    from fakegpu.topology.bundled import resolve_cluster_config
+    from fakegpu.topology.model import default_topology
+
+    if not path:
+        print("fgpu plan: warning: no --cluster-config; planning on one node of H100 SXM GPUs",
+              file=sys.stderr)
+        return default_topology(world)
+    return load_cluster_config(resolve_cluster_config(path))
+
+
+def _write_trace(path: str, plan) -> None:
+    events = plan.timeline.trace_events() if plan.timeline is not None else []
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+
+
+def plan_script(program: list[str], world: int, cluster: Optional[str], tokens_per_step: Optional[int],
+                topology, timeout: float) -> dict:
+    """Run a user's script once in a fake world, recording its ops; time its last step."""
+    from fakegpu.plan.generic import plan_records
+
+    with tempfile.TemporaryDirectory(prefix="fgpu-plan-") as tmp:
+        out = os.path.join(tmp, "records.pkl")
+        env = dict(os.environ, NGPU=str(world), FAKEGPU_PLAN_RECORD=out)
+        command = [sys.executable, "-m", "fakegpu", "run", "--dist-mode", "fake"]
+        if cluster:
+            command += ["--cluster-config", cluster]
+        command += ["--", sys.executable, *program]
+        try:
+            done = subprocess.run(command, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise PlanError(f"the program did not finish within {timeout:.0f} s (--timeout)") from None
+        if done.returncode != 0:
+            raise PlanError(f"the program failed (exit status {done.returncode}); its output is above")
+        if not os.path.exists(out):
+            raise PlanError("the program ran but recorded nothing: did it initialise torch.distributed?")
+        with open(out, "rb") as fh:
+            captured = pickle.load(fh)
+    return plan_records(captured, topology, world, tokens_per_step)
+
+
+SWEEP_TP = (1, 2, 4, 8)
+SWEEP_PP = (1, 2, 4, 8)
+SWEEP_AC = ("selective", "full")
+
+
+def sweep_layouts(config, world: int, gpus_per_node: int):
+    """Layouts of the same model, cluster and global batch: tp x pp x (FSDP | HSDP across
+    nodes) x activation checkpointing."""
+    import copy
+
+    par = config.parallelism
+    from torchtitan.distributed import ParallelDims
+
+    dims = ParallelDims.from_config(par, world)
+    global_batch = int(config.training.local_batch_size) * dims.dp_replicate * dims.dp_shard
+    n_layers = len(config.model_spec.model.layers)
+    heads = int(getattr(config.model_spec.model.layers[0].attention, "n_heads", 1) or 1)
+    for tp in SWEEP_TP:
+        if tp > gpus_per_node or heads % tp or world % tp:
+            continue
+        for pp in SWEEP_PP:
+            if world % (tp * pp) or pp > max(1, n_layers // 2):
+                continue
+            dp = world // (tp * pp)
+            if global_batch % dp:
+                continue
+            local = global_batch // dp
+            if pp > 1 and local < pp:
+                continue
+            replicas = {1}
+            shard_in_node = max(1, gpus_per_node // tp)
+            if dp > shard_in_node and dp % shard_in_node == 0:
+                replicas.add(dp // shard_in_node)
+            for replicate in sorted(replicas):
+                for ac in SWEEP_AC:
+                    c = copy.deepcopy(config)
+                    c.parallelism.tensor_parallel_degree = tp
+                    c.parallelism.pipeline_parallel_degree = pp
+                    c.parallelism.data_parallel_replicate_degree = replicate
+                    c.parallelism.data_parallel_shard_degree = dp // replicate
+                    c.parallelism.context_parallel_degree = 1
+                    c.training.local_batch_size = local
+                    _set_ac(c, ac)
+                    yield c
+
+
+def _set_ac(config, mode: str) -> None:
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    config.activation_checkpoint = FullAC.Config() if mode == "full" else SelectiveAC.Config()
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
+    p = argparse.ArgumentParser(prog=prog, usage=f"{prog} --cluster-config YAML [--json] [--sweep] -- CMD ...",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster-config", help="the cluster YAML (a path or a bundled name); nodes are repeated "
+                   "when the job has more ranks than it describes")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a list with --sweep)")
+    p.add_argument("--sweep", action="store_true", help="rank layouts (tp, pp, FSDP/HSDP, AC) of the same model "
+                   "and global batch by predicted tokens/s; those that do not fit memory are dropped")
+    p.add_argument("--top", type=int, default=10, help="layouts to show with --sweep (default 10)")
+    p.add_argument("--trace", help="write the predicted timeline of rank 0 as a Perfetto/Chrome trace here")
+    p.add_argument("--no-extrapolate", action="store_true", help="capture every layer instead of two depths")
+    p.add_argument("--tokens-per-step", type=int, help="tokens one rank trains on per step (a script's; "
+                   "TorchTitan's is known)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a script may run (default 1800)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    command = list(a.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        world, program = parse_launch(command)
+        topology = _load_topology(a.cluster_config, world)
+        if not _is_titan(program):
+            if a.sweep:
+                raise PlanError("--sweep enumerates TorchTitan layouts; a script's layout is its own code")
+            result = _summary(plan_script(program, world, a.cluster_config, a.tokens_per_step, topology,
+                                          a.timeout))
+            print(json.dumps(result, indent=2) if a.json else _format(result))
+            return 0
+        from fakegpu.plan.planner import plan_titan, scaled_topology
+
+        config = _titan_config(program[2:])
+        if not a.sweep:
+            plan = plan_titan(config, world, topology, extrapolate=not a.no_extrapolate)
+            if a.trace:
+                _write_trace(a.trace, plan)
+            print(json.dumps(_summary(plan.to_dict()), indent=2) if a.json else _format(plan))
+            return 0
+        topology = scaled_topology(topology, world)
+        per_node = len(topology.nodes[0].ranks)
+        results = []
+        candidates = list(sweep_layouts(config, world, per_node))
+        for index, candidate in enumerate(candidates, 1):
+            try:
+                plan = plan_titan(candidate, world, topology, extrapolate=not a.no_extrapolate)
+            except Exception as exc:   # noqa: BLE001 - a layout TorchTitan refuses is reported, not fatal
+                print(f"[{index}/{len(candidates)}] skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            print(f"[{index}/{len(candidates)}] {plan.layout.describe()}: {plan.tokens_per_second_per_gpu:,.0f} "
+                  f"tokens/s/GPU, {plan.peak_memory_reserved_gib:.1f} GiB"
+                  + ("" if plan.fits else " (does not fit)"), file=sys.stderr, flush=True)
+            results.append(_summary(plan.to_dict()))
+        fitting = sorted((r for r in results if r["fits"]), key=lambda r: -r["tokens_per_second_per_gpu"])
+        if a.json:
+            print(json.dumps({"ranked": fitting, "dropped_for_memory": [r for r in results if not r["fits"]]},
+                             indent=2))
+            return 0 if fitting else 1
+        if not fitting:
+            print("no layout fits memory", file=sys.stderr)
+            return 1
+        print(f"{'#':>3} {'tokens/s/GPU':>12} {'MFU':>6} {'step s':>8} {'GiB':>6}  layout")
+        for rank, r in enumerate(fitting[:a.top], 1):
+            print(f"{rank:>3} {r['tokens_per_second_per_gpu']:>12,.0f} {r['mfu']:>6.1%} {r['step_seconds']:>8.3f} "
+                  f"{r['peak_memory_reserved_gib']:>6.1f}  {r['layout_text']}")
+        dropped = len(results) - len(fitting)
+        if dropped:
+            print(f"({dropped} layout(s) dropped: they do not fit in {results[0]['gpu_memory_gib']:.1f} GiB)")
+        return 0
+    except PlanError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
