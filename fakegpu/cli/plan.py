@@ -217,6 +217,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
                    "and global batch by predicted tokens/s; those that do not fit memory are dropped")
     p.add_argument("--top", type=int, default=10, help="layouts to show with --sweep (default 10)")
     p.add_argument("--trace", help="write the predicted timeline of rank 0 as a Perfetto/Chrome trace here")
+    p.add_argument("--float8", action="store_true", help="cost the linears as TorchTitan's Float8 converter "
+                   "runs them (tensorwise scaling; the converter itself needs torchao at config time)")
     p.add_argument("--no-extrapolate", action="store_true", help="capture every layer instead of two depths")
     p.add_argument("--tokens-per-step", type=int, help="tokens one rank trains on per step (a script's; "
                    "TorchTitan's is known)")
@@ -240,7 +242,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
 
         config = _titan_config(program[2:])
         if not a.sweep:
-            plan = plan_titan(config, world, topology, extrapolate=not a.no_extrapolate)
+            plan = plan_titan(config, world, topology, extrapolate=not a.no_extrapolate,
+                              float8=True if a.float8 else None)
             if a.trace:
                 _write_trace(a.trace, plan)
             print(json.dumps(_summary(plan.to_dict()), indent=2) if a.json else _format(plan))
@@ -251,7 +254,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
         candidates = list(sweep_layouts(config, world, per_node))
         for index, candidate in enumerate(candidates, 1):
             try:
-                plan = plan_titan(candidate, world, topology, extrapolate=not a.no_extrapolate)
+                plan = plan_titan(candidate, world, topology, extrapolate=not a.no_extrapolate,
+                                  float8=True if a.float8 else None)
             except Exception as exc:   # noqa: BLE001 - a layout TorchTitan refuses is reported, not fatal
                 print(f"[{index}/{len(candidates)}] skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue

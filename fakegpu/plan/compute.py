@@ -56,7 +56,7 @@ CONV_EFFICIENCY = BASE_EFFICIENCY  # convolutions: no tile model yet
 # FP8 GEMMs reach a smaller share of their (doubled) peak than BF16 ones: cuBLAS's H100 FP8
 # GEMMs sustain ~1,300-1,450 of 1,979 TFLOP/s where BF16 sustains ~700-750 of 989.
 FP8_EFFICIENCY_SCALE = 0.9
-HBM_EFFICIENCY = 1.0               # share of the data-sheet bandwidth a memory-bound kernel reaches
+HBM_EFFICIENCY = 0.8               # share of the data-sheet bandwidth a memory-bound kernel reaches
 
 aten = torch.ops.aten
 

@@ -145,11 +145,15 @@ def model_options(layout, vocab_size: int) -> ModelOptions:
 
 
 def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
-               gpu_memory_gib: Optional[float] = None) -> Plan:
+               gpu_memory_gib: Optional[float] = None, float8: Optional[bool] = None) -> Plan:
+    """``float8``: cost the linears as TorchTitan's Float8 converter runs them (its converter
+    needs torchao at config time; this needs nothing); None: as the config says."""
     from . import titan
 
     topology = scaled_topology(topology, world_size)
     layout = titan.layout_of(config, world_size)
+    if float8 is not None:
+        layout = dataclasses.replace(layout, float8=bool(float8))
     gpu = topology.gpu_of(0)
     chunks = titan.pipeline_chunks(layout, getattr(config.parallelism, "pipeline_parallel_layers_per_stage", None))
     stage_layers = math.ceil(layout.n_layers / (layout.pp * chunks))

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 COMPUTE = "compute"
+# A kernel that runs while a collective is in flight is slowed: NCCL's kernels take SMs (one
+# per channel) and HBM bandwidth from it. The share of its overlapped time added; fitted on
+# TorchTitan's Llama 3.1 8B FSDP row on 8 H100 (docs/planning.md, verification/plan_calibration.py).
+OVERLAP_SLOWDOWN = 0.25
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,11 @@ class Timeline:
         return events
 
 
-def simulate(tasks: Sequence[Task]) -> Timeline:
-    """Schedule ``tasks`` (program order) on their streams; see the module docstring."""
+def simulate(tasks: Sequence[Task], overlap_slowdown: Optional[float] = None) -> Timeline:
+    """Schedule ``tasks`` (program order) on their streams; see the module docstring.
+    ``overlap_slowdown``: OVERLAP_SLOWDOWN unless given (0 for the ideal overlap)."""
+    slowdown = OVERLAP_SLOWDOWN if overlap_slowdown is None else overlap_slowdown
+    comm_busy_until = 0.0
     free: dict[str, float] = defaultdict(float)
     ready: dict = {}                 # buffer key -> (time written, index of the writer)
     start, end = [], []
@@ -112,7 +119,12 @@ def simulate(tasks: Sequence[Task]) -> Timeline:
                 by_step[task.step][label] += begin - stream_free
         else:
             communication[task.group_label or task.stream] += task.seconds
-        finish = begin + task.seconds
+        seconds = task.seconds
+        if task.stream == COMPUTE and slowdown and comm_busy_until > begin:
+            seconds += slowdown * min(seconds, comm_busy_until - begin)
+        elif task.stream != COMPUTE:
+            comm_busy_until = max(comm_busy_until, begin + seconds)
+        finish = begin + seconds
         free[task.stream] = finish
         for key in task.writes:
             ready[key] = (finish, index)
