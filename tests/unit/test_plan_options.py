@@ -1,0 +1,164 @@
+"""fakegpu.plan.options: torch.compile's fusion of memory-bound chains and Float8 matmuls, on
+hand-built records."""
+from __future__ import annotations
+
+import pytest
+
+from fakegpu.plan.compute import FP8_EFFICIENCY_SCALE, LAUNCH_S, OpRecord, model_op
+from fakegpu.plan.gpu_compute import compute_of
+from fakegpu.plan.options import (CAST_BYTES_COMPILED, CAST_BYTES_EAGER, float8_matmuls,
+                                  fuse_memory_chains)
+
+MB = 1_000_000
+
+
+def mem(name, reads=(), writes=(), phase="forward", step=0):
+    """A memory-bound record reading / writing 1 MB buffers named by key."""
+    reads = tuple((k, MB) for k in reads)
+    writes = tuple((k, MB) for k in writes)
+    return OpRecord(f"aten.{name}.default", name, "memory", (), (), (), (), 0,
+                    sum(n for _, n in reads) + sum(n for _, n in writes),
+                    reads=reads, writes=writes, phase=phase, step=step)
+
+
+def view(name, reads=(), writes=(), phase="forward"):
+    return OpRecord(f"aten.{name}.default", name, "view", (), (), (), (), 0, 0,
+                    reads=tuple((k, MB) for k in reads), writes=tuple((k, 0) for k in writes), phase=phase)
+
+
+def matmul(m, n, k, name="mm", reads=(), writes=(), phase="forward", math="bf16", bias=False):
+    shapes = ((m, k), (k, n))
+    if bias:
+        shapes = ((n,),) + shapes
+    nbytes = 2 * (m * k + k * n + m * n) + (2 * n if bias else 0)
+    return OpRecord(f"aten.{name}.default", name, "matmul", shapes, ("torch.bfloat16",) * len(shapes),
+                    ((m, n),), ("torch.bfloat16",), 2 * m * n * k, nbytes, math, False,
+                    matmul=(1, m, n, k), reads=tuple((key, MB) for key in reads),
+                    writes=tuple((key, MB) for key in writes), phase=phase)
+
+
+# fuse_memory_chains --------------------------------------------------------------------------
+
+def test_chain_of_three_fuses_into_one_moving_only_its_boundary():
+    records = [mem("add", ["x"], ["a"]), mem("mul", ["a"], ["b"]), mem("silu", ["b"], ["c"]),
+               matmul(64, 64, 64, reads=["c", "w"], writes=["y"])]
+    assert sum(r.bytes for r in records[:3]) == 6 * MB          # eager: 3 reads + 3 writes
+    out = fuse_memory_chains(records)
+    assert len(out) == 2
+    fused, mm = out
+    assert fused.bytes == 2 * MB                                # x in, c out
+    assert fused.kind == "memory" and fused.phase == "forward"
+    assert fused.op == "fused(3)" and fused.name == "fused_add"
+    assert dict(fused.reads) == {"x": MB}
+    assert set(dict(fused.writes)) == {"a", "b", "c"}
+    assert mm is records[3]
+
+
+def test_intermediate_read_later_is_counted():
+    # a is a saved activation: the backward reads it after the matmul
+    records = [mem("add", ["x"], ["a"]), mem("mul", ["a"], ["b"]), mem("silu", ["b"], ["c"]),
+               matmul(64, 64, 64, reads=["c", "w"], writes=["y"]),
+               mem("mul_backward", ["a", "gy"], ["ga"], phase="backward")]
+    fused = fuse_memory_chains(records)[0]
+    assert fused.bytes == 3 * MB                                # x in, a and c out
+
+
+def test_chain_output_read_nowhere_later_is_not_counted():
+    records = [mem("add", ["x"], ["a"]), mem("mul", ["a"], ["b"])]
+    (fused,) = fuse_memory_chains(records)
+    assert fused.bytes == MB                                    # only x; b dies in registers
+
+
+def test_matmul_breaks_a_chain():
+    records = [mem("add", ["x"], ["a"]), mem("mul", ["a"], ["b"]),
+               matmul(64, 64, 64, reads=["b", "w"], writes=["y"]),
+               mem("gelu", ["y"], ["z"]), mem("mul", ["z"], ["o"]),
+               matmul(64, 64, 64, reads=["o", "w2"], writes=["y2"])]
+    out = fuse_memory_chains(records)
+    assert [r.op for r in out] == ["fused(2)", "aten.mm.default", "fused(2)", "aten.mm.default"]
+    assert out[0].bytes == 2 * MB and out[2].bytes == 2 * MB
+    assert out[1] is records[2] and out[3] is records[5]
+
+
+def test_foreach_and_optimizer_ops_are_not_fused():
+    foreach = [mem("_foreach_mul_", ["g"], ["g"], phase="backward"),
+               mem("_foreach_add_", ["g"], ["g"], phase="backward")]
+    assert fuse_memory_chains(foreach) == foreach
+    optimizer = [mem("mul", ["m"], ["m2"], phase="optimizer"), mem("add", ["m2", "p"], ["p2"], phase="optimizer")]
+    assert fuse_memory_chains(optimizer) == optimizer
+    # a _foreach op between two memory ops splits them into single (unfused) records
+    mixed = [mem("add", ["x"], ["a"]), mem("_foreach_add_", ["a"], ["a"]), mem("mul", ["a"], ["b"])]
+    assert fuse_memory_chains(mixed) == mixed
+
+
+def test_single_memory_op_is_left_unchanged():
+    records = [matmul(64, 64, 64, reads=["x", "w"], writes=["y"]), mem("relu", ["y"], ["z"]),
+               matmul(64, 64, 64, reads=["z", "w2"], writes=["o"])]
+    out = fuse_memory_chains(records)
+    assert out == records
+    assert out[1] is records[1]
+
+
+def test_phases_do_not_fuse_across():
+    records = [mem("add", ["x"], ["a"]), mem("mul", ["a", "g"], ["ga"], phase="backward")]
+    assert fuse_memory_chains(records) == records
+
+
+def test_views_inside_a_chain_are_kept_after_the_fused_kernel():
+    v = view("view", ["a"], ["a_view"])
+    records = [mem("add", ["x"], ["a"]), v, mem("mul", ["a"], ["b"]),
+               matmul(64, 64, 64, reads=["b", "w"], writes=["y"])]
+    out = fuse_memory_chains(records)
+    assert [r.op for r in out] == ["fused(2)", "aten.view.default", "aten.mm.default"]
+    assert out[0].bytes == 2 * MB and out[1] is v
+
+
+# float8_matmuls ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("compiled,factor", [(True, CAST_BYTES_COMPILED), (False, CAST_BYTES_EAGER)])
+def test_float8_mm_becomes_cast_plus_fp8_matmul(compiled, factor):
+    assert (CAST_BYTES_COMPILED, CAST_BYTES_EAGER) == (1.5, 2.5)
+    m, n, k = 4096, 1024, 2048
+    record = matmul(m, n, k, reads=["x", "w"], writes=["y"])
+    out = float8_matmuls([record], compiled=compiled)
+    assert len(out) == 2
+    cast, mm = out
+    operand_bytes = 2 * (m * k + k * n)                         # the two bf16 operands
+    assert cast.name == "float8_cast" and cast.kind == "memory"
+    assert cast.flops == 0 and cast.math is None and cast.matmul is None
+    assert cast.bytes == int(factor * operand_bytes)
+    assert cast.writes == ()
+    assert mm.name == "mm_fp8" and mm.math == "fp8" and mm.kind == "matmul"
+    assert mm.flops == record.flops and mm.matmul == record.matmul
+
+
+def test_float8_addmm_casts_its_matrix_operands_not_the_bias():
+    m, n, k = 512, 256, 128
+    record = matmul(m, n, k, name="addmm", bias=True)
+    cast, mm = float8_matmuls([record])
+    assert cast.bytes == int(1.5 * 2 * (m * k + k * n))
+    assert mm.name == "addmm_fp8"
+
+
+def test_float8_leaves_excluded_dims_and_non_bf16_alone():
+    vocab = 128256
+    output = matmul(8192, vocab, 4096)
+    fp32 = matmul(64, 64, 64, math="fp32")
+    memory = mem("add", ["x"], ["y"])
+    records = [output, fp32, memory]
+    assert float8_matmuls(records, excluded_dims=[vocab]) == records
+    # without the exclusion the output projection is converted too
+    assert [r.name for r in float8_matmuls([output])] == ["float8_cast", "mm_fp8"]
+
+
+def test_fp8_matmul_faster_by_peak_ratio_on_h100():
+    gpu = compute_of("h100")
+    ratio = gpu.peak("fp8") * FP8_EFFICIENCY_SCALE / gpu.peak("bf16")
+    record = matmul(8192, 8192, 8192)
+    _cast, fp8 = float8_matmuls([record])
+    bf16_cost, fp8_cost = model_op(record, "h100"), model_op(fp8, "h100")
+    assert bf16_cost.bound == fp8_cost.bound == "compute"
+    assert fp8_cost.peak_kind == "fp8" and bf16_cost.peak_kind == "bf16"
+    assert bf16_cost.compute_seconds / fp8_cost.compute_seconds == pytest.approx(ratio, rel=1e-12)
+    assert (bf16_cost.seconds - LAUNCH_S) / (fp8_cost.seconds - LAUNCH_S) == pytest.approx(ratio, rel=1e-12)
+    assert fp8_cost.seconds < bf16_cost.seconds
