@@ -124,10 +124,19 @@ def _load_topology(path: Optional[str], world: int):
     return load_cluster_config(resolve_cluster_config(path))
 
 
-def _write_trace(path: str, plan) -> None:
-    events = plan.timeline.trace_events() if plan.timeline is not None else []
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+def _write_outputs(output_dir: str, trace: Optional[str], result, timeline) -> None:
+    """fakegpu-plan.json and the trace; a failure to write them is an error (PlanError)."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "fakegpu-plan.json"), "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+        if timeline is not None:
+            path = trace or os.path.join(output_dir, "fakegpu-plan-trace.json")
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump({"traceEvents": timeline.trace_events(), "displayTimeUnit": "ms"}, fh)
+    except OSError as exc:
+        raise PlanError(f"cannot write the plan: {exc}") from None
 
 
 def plan_script(program: list[str], world: int, cluster: Optional[str], tokens_per_step: Optional[int],
@@ -143,7 +152,8 @@ def plan_script(program: list[str], world: int, cluster: Optional[str], tokens_p
             command += ["--cluster-config", cluster]
         command += ["--", sys.executable, *program]
         try:
-            done = subprocess.run(command, env=env, timeout=timeout)
+            # the program's output goes to stderr: stdout is the plan (one JSON object with --json)
+            done = subprocess.run(command, env=env, timeout=timeout, stdout=sys.stderr)
         except subprocess.TimeoutExpired:
             raise PlanError(f"the program did not finish within {timeout:.0f} s (--timeout)") from None
         if done.returncode != 0:
@@ -216,7 +226,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
     p.add_argument("--sweep", action="store_true", help="rank layouts (tp, pp, FSDP/HSDP, AC) of the same model "
                    "and global batch by predicted tokens/s; those that do not fit memory are dropped")
     p.add_argument("--top", type=int, default=10, help="layouts to show with --sweep (default 10)")
-    p.add_argument("--trace", help="write the predicted timeline of rank 0 as a Perfetto/Chrome trace here")
+    p.add_argument("--output-dir", default=".", help="where fakegpu-plan.json (the plan, with --sweep every "
+                   "layout) and fakegpu-plan-trace.json (rank 0's predicted timeline, for ui.perfetto.dev) go "
+                   "(default: the current directory)")
+    p.add_argument("--trace", help="the Perfetto/Chrome trace's path instead of OUTPUT_DIR/fakegpu-plan-trace.json")
     p.add_argument("--float8", action="store_true", help="cost the linears as TorchTitan's Float8 converter "
                    "runs them (tensorwise scaling; the converter itself needs torchao at config time)")
     p.add_argument("--no-extrapolate", action="store_true", help="capture every layer instead of two depths")
@@ -234,8 +247,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
         if not _is_titan(program):
             if a.sweep:
                 raise PlanError("--sweep enumerates TorchTitan layouts; a script's layout is its own code")
-            result = _summary(plan_script(program, world, a.cluster_config, a.tokens_per_step, topology,
-                                          a.timeout))
+            result, timeline = plan_script(program, world, a.cluster_config, a.tokens_per_step, topology,
+                                           a.timeout)
+            result = _summary(result)
+            _write_outputs(a.output_dir, a.trace, result, timeline)
             print(json.dumps(result, indent=2) if a.json else _format(result))
             return 0
         from fakegpu.plan.planner import plan_titan, scaled_topology
@@ -244,9 +259,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
         if not a.sweep:
             plan = plan_titan(config, world, topology, extrapolate=not a.no_extrapolate,
                               float8=True if a.float8 else None)
-            if a.trace:
-                _write_trace(a.trace, plan)
-            print(json.dumps(_summary(plan.to_dict()), indent=2) if a.json else _format(plan))
+            result = _summary(plan.to_dict())
+            _write_outputs(a.output_dir, a.trace, result, plan.timeline)
+            print(json.dumps(result, indent=2) if a.json else _format(plan))
             return 0
         topology = scaled_topology(topology, world)
         per_node = len(topology.nodes[0].ranks)
@@ -264,6 +279,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
                   + ("" if plan.fits else " (does not fit)"), file=sys.stderr, flush=True)
             results.append(_summary(plan.to_dict()))
         fitting = sorted((r for r in results if r["fits"]), key=lambda r: -r["tokens_per_second_per_gpu"])
+        _write_outputs(a.output_dir, None, {"ranked": fitting,
+                                            "dropped_for_memory": [r for r in results if not r["fits"]]}, None)
         if a.json:
             print(json.dumps({"ranked": fitting, "dropped_for_memory": [r for r in results if not r["fits"]]},
                              indent=2))

@@ -96,8 +96,9 @@ def _dump() -> None:
         pickle.dump(captured, fh)
 
 
-def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Optional[int] = None) -> dict:
-    """The plan of a recorded script: its last complete step on rank 0's GPU."""
+def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Optional[int] = None):
+    """The plan of a recorded script, its last complete step on rank 0's GPU: (the plan's
+    dict, the timeline)."""
     from .planner import scaled_topology
     from .step import step_times
 
@@ -117,7 +118,7 @@ def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Opt
     # torch.cuda.max_memory_reserved() of the fake device; None where the program did not run
     # on fake CUDA memory accounting (a CPU program)
     reserved = (captured.get("peak_reserved_bytes") or 0) / GiB or None
-    return {
+    return ({
         "layout_text": f"the script's own, {world_size} ranks ({steps} steps recorded, step {last + 1} timed)",
         "gpu": gpu.name,
         "step_seconds": st.step_seconds,
@@ -132,4 +133,4 @@ def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Opt
         "phase_seconds": st.phase_seconds,
         "compute_seconds": st.compute_seconds,
         "flops_per_step": st.flops,
-    }
+    }, st.timeline)

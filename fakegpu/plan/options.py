@@ -108,5 +108,7 @@ def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] =
         out.append(dataclasses.replace(
             record, op="float8_cast", name="float8_cast", kind="memory", flops=0,
             bytes=int(operand_bytes * factor), math=None, matmul=None, writes=()))
-        out.append(dataclasses.replace(record, math="fp8", name=f"{record.name}_fp8"))
+        # the matmul itself reads the 1-byte float8 operands, not the bf16 ones
+        out.append(dataclasses.replace(record, math="fp8", name=f"{record.name}_fp8",
+                                       bytes=max(0, record.bytes - operand_bytes // 2)))
     return out

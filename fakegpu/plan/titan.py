@@ -223,13 +223,15 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                     before = replay.allocator.stat("allocated_bytes")
                     with recorder.phase("forward", step):
                         logits = model(tokens, **attention_kwargs)
-                    with recorder.phase("loss", step):
-                        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
-                                                                 labels_t.flatten())
-                        del logits
-                    activation = max(activation, replay.allocator.stat("allocated_bytes") - before)
-                    with recorder.phase("backward", step):
-                        loss.backward()
+                    logits, loss_context = _loss_parallel(logits)
+                    with loss_context:
+                        with recorder.phase("loss", step):
+                            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                                     labels_t.flatten())
+                            del logits
+                        activation = max(activation, replay.allocator.stat("allocated_bytes") - before)
+                        with recorder.phase("backward", step):
+                            loss.backward()
                     with recorder.phase("optimizer", step):
                         _clip_grad_norm(model, parallel_dims)
                         optimizer.step()
@@ -293,6 +295,22 @@ class _PhasePeaks:
     def last_step(self) -> dict:
         last = max((s for s, _ in self.peaks), default=0)
         return {phase: int(v) for (s, phase), v in self.peaks.items() if s == last}
+
+
+def _loss_parallel(logits):
+    """(logits, context) as TorchTitan computes its cross-entropy: vocabulary-sharded logits
+    (tensor parallelism's output layer) under loss parallelism, for the loss and its backward,
+    without gathering them."""
+    import contextlib
+
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    if isinstance(logits, DTensor):
+        if any(isinstance(p, Shard) and p.dim in (-1, logits.dim() - 1) for p in logits.placements):
+            return logits, loss_parallel()
+        return logits.full_tensor(), contextlib.nullcontext()
+    return logits, contextlib.nullcontext()
 
 
 def _local(t):

@@ -1,0 +1,127 @@
+"""`fgpu plan` end to end (docs/planning.md): a GPU-style torchrun script recorded in a fake
+world, and TorchTitan's llama3 debug model captured on fake tensors (when TorchTitan is
+installed), each through the real command line, checked against figures computed here."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers.titan import HAS_TORCHTITAN
+from helpers.torchrun import TORCH_UNDER_FGPU, fgpu_env
+
+pytestmark = TORCH_UNDER_FGPU
+
+# An FSDP2 MLP written for GPUs (nccl, cuda, set_device): 4 Linear(512, 512) layers, batch 64.
+SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).cuda()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(64, 512, device="cuda")
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("trained", dist.get_rank())
+""")
+
+
+def _plan(tmp_path, shim_library, args, timeout=600):
+    env = fgpu_env(shim_library, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "fakegpu", "plan", "--output-dir", str(tmp_path), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    return done
+
+
+def test_plan_of_a_gpu_style_torchrun_script(tmp_path, shim_library):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = _plan(tmp_path, shim_library, ["--json", "--cluster-config", "h100-2node-8gpu-ib-8x400g",
+                                          "--tokens-per-step", "64", "--", "torchrun", "--nnodes", "2",
+                                          "--nproc-per-node", "8", "train.py"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads(done.stdout)             # stdout is the plan alone; the program's output is on stderr
+    assert "trained 0" in done.stderr
+    # the timed step's matmuls, exactly: forward and weight gradient of all 4 layers, input
+    # gradient of the 3 whose input needs one, each 2 x 64 x 512 x 512 FLOPs
+    assert plan["flops_per_step"] == 11 * 2 * 64 * 512 * 512
+    assert plan["step_seconds"] >= plan["compute_seconds"] > 0
+    # FSDP2's all-gathers and reduce-scatters over the 16 ranks on the default group
+    assert plan["communication_seconds"]["default_pg"] > 0
+    assert 0 <= plan["exposed_communication_seconds"] <= plan["communication_seconds"]["default_pg"] + 1e-12
+    assert plan["tokens_per_second_per_gpu"] == pytest.approx(64 / plan["step_seconds"])
+    assert plan["gpu"] == "h100" and plan["fits"]
+    saved = json.loads((tmp_path / "fakegpu-plan.json").read_text())
+    assert saved["step_seconds"] == plan["step_seconds"]
+    trace = json.loads((tmp_path / "fakegpu-plan-trace.json").read_text())
+    streams = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert "compute stream" in streams and any(s.startswith("comm stream") for s in streams)
+
+
+def test_plan_refuses_a_program_without_an_optimizer_step(tmp_path, shim_library):
+    (tmp_path / "noop.py").write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n")
+    done = _plan(tmp_path, shim_library, ["--", "torchrun", "--nproc-per-node", "2", "noop.py"])
+    assert done.returncode == 2
+    assert "ran no optimizer step" in done.stderr
+
+
+def test_plan_of_a_bad_launch_names_the_problem(tmp_path, shim_library):
+    done = _plan(tmp_path, shim_library, ["--", "mpirun", "-n", "4", "train.py"])
+    assert done.returncode == 2 and "cannot plan 'mpirun'" in done.stderr
+    done = _plan(tmp_path, shim_library, ["--", "torchrun", "--nproc-per-node", "gpu", "train.py"])
+    assert done.returncode == 2 and "--nproc-per-node 'gpu'" in done.stderr
+
+
+TITAN = ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel",
+         "--training.local_batch_size", "4", "--training.seq_len", "256"]
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_plan_of_torchtitan_llama3_debug_model(tmp_path, shim_library):
+    done = _plan(tmp_path, shim_library, ["--json", "--cluster-config", "h100-1node-8gpu-nvlink", "--",
+                                          "torchrun", "--nproc-per-node", "8", *TITAN,
+                                          "--parallelism.tensor_parallel_degree", "2"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads(done.stdout)
+    layout = plan["layout"]
+    assert (layout["dp_shard"], layout["tp"], layout["world_size"]) == (4, 2, 8)
+    # TorchTitan's own MFU numerator: 6 x non-embedding parameters + 12 x layers x dim x seq
+    from torchtitan.config import ConfigManager
+    from torchtitan.models.common.decoder import Decoder  # noqa: F401  (registry import)
+
+    config = ConfigManager().parse_args(TITAN[2:])
+    model = config.model_spec.model
+    dim, vocab, layers = model.dim, model.vocab_size, len(model.layers)
+    assert plan["flops_per_token"] == 6 * (plan["nparams"] - vocab * dim) + 12 * layers * dim * 256
+    # tokens/s per GPU: local batch x seq x dp / world / step
+    assert plan["tokens_per_second_per_gpu"] == pytest.approx(4 * 256 * 4 / 8 / plan["step_seconds"])
+    assert plan["mfu"] == pytest.approx(plan["flops_per_token"] * plan["tokens_per_second_per_gpu"] / 989e12)
+    # tensor parallelism's collectives run on the tp group and are exposed (on the critical path)
+    assert plan["communication_seconds"]["tp"] > 0
+    assert plan["exposed_communication_by_group"]["tp"] > 0
+    assert 0 < plan["peak_memory_reserved_gib"] < 2 and plan["fits"]
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_plan_sweep_ranks_fitting_layouts(tmp_path, shim_library):
+    done = _plan(tmp_path, shim_library, ["--json", "--sweep", "--cluster-config", "h100-1node-8gpu-nvlink", "--",
+                                          "torchrun", "--nproc-per-node", "4", *TITAN], timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    ranked = result["ranked"]
+    speeds = [r["tokens_per_second_per_gpu"] for r in ranked]
+    assert speeds == sorted(speeds, reverse=True) and len(ranked) >= 4
+    layouts = {(r["layout"]["tp"], r["layout"]["pp"], r["layout"]["ac"]) for r in ranked}
+    assert (1, 1, "full") in layouts and (2, 1, "selective") in layouts
+    # the same global batch everywhere: local batch x data-parallel degree = 4 x 4
+    assert all(r["layout"]["local_batch_size"] * r["layout"]["dp_shard"] * r["layout"]["dp_replicate"] == 16
+               for r in ranked)
