@@ -43,8 +43,11 @@ def titan_args(row: dict) -> list[str]:
             "--parallelism.pipeline_parallel_schedule", row["schedule"],
             "--training.local_batch_size", row["local_batch"],
             "--training.seq_len", row["seq_len"]]
-    if row["compile"] == "1":
-        args += ["--compile.enable"]
+    if int(row["pp"]) > 1:       # TorchTitan 0.3.0 refuses CUDA graphs with pipeline parallelism
+        args += ["--training.disable_cuda_graphs"]
+    args += ["--compile.enable" if row["compile"] == "1" else "--compile.no-enable"]
+    args += ["--compile.enable_async_tensor_parallel" if row["async_tp"] == "1"
+             else "--compile.no-enable_async_tensor_parallel"]
     return args
 
 
@@ -53,7 +56,7 @@ def plan_row(row: dict) -> dict:
     from fakegpu.plan.planner import plan_titan
     from fakegpu.topology import load_cluster_config
 
-    config = _titan_config(titan_args(row))
+    config = _titan_config(titan_args(row), "h100-96gb")
     _set_ac(config, row["ac"])
     plan = plan_titan(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), float8=row["float8"] == "1")
     return plan.to_dict()

@@ -76,10 +76,30 @@ def _is_titan(program: list[str]) -> bool:
     return program[:2] == ["-m", "torchtitan.train"]
 
 
-def _titan_config(args: list[str]):
+def _titan_config(args: list[str], gpu: str = "h100"):
+    """TorchTitan's config from its command line, resolved as on the cluster's GPU: its model
+    converters ask TorchTitan's ``has_cuda_capability`` (Float8 wants 8.9 or later) when the
+    config is built, and this machine has no GPU to answer."""
+    import contextlib
+    from unittest import mock
+
+    import torchtitan.components.quantization  # noqa: F401 - the converters that ask
+    import torchtitan.tools.utils as titan_utils
     from torchtitan.config import ConfigManager
 
-    return ConfigManager().parse_args(list(args))
+    from fakegpu.fake_cuda.devices import capability_of
+
+    original = titan_utils.has_cuda_capability
+    capability = capability_of(gpu)
+
+    def has_cuda_capability(major: int, minor: int) -> bool:
+        return capability >= (major, minor)
+
+    with contextlib.ExitStack() as stack:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("torchtitan") and getattr(module, "has_cuda_capability", None) is original:
+                stack.enter_context(mock.patch.object(module, "has_cuda_capability", has_cuda_capability))
+        return ConfigManager().parse_args(list(args))
 
 
 def _format(plan) -> str:
@@ -255,7 +275,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
             return 0
         from fakegpu.plan.planner import plan_titan, scaled_topology
 
-        config = _titan_config(program[2:])
+        config = _titan_config(program[2:], topology.gpu_of(0).name)
         if not a.sweep:
             plan = plan_titan(config, world, topology, extrapolate=not a.no_extrapolate,
                               float8=True if a.float8 else None)

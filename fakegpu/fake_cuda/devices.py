@@ -17,7 +17,9 @@ _CUDA_FACTS = {
     "a100": ("NVIDIA A100-SXM4-40GB", (8, 0), 108, 40 << 20),
     "a100-80gb": ("NVIDIA A100-SXM4-80GB", (8, 0), 108, 40 << 20),
     "h100": ("NVIDIA H100 80GB HBM3", (9, 0), 132, 50 << 20),
+    "h100-96gb": ("NVIDIA H100", (9, 0), 132, 50 << 20),
     "h100-pcie": ("NVIDIA H100 PCIe", (9, 0), 114, 50 << 20),
+    "h800": ("NVIDIA H800", (9, 0), 132, 50 << 20),
     "h200": ("NVIDIA H200", (9, 0), 132, 50 << 20),
     "b200": ("NVIDIA B200", (10, 0), 148, 126 << 20),
     "l40s": ("NVIDIA L40S", (8, 9), 142, 96 << 20),
@@ -26,6 +28,11 @@ _CUDA_FACTS = {
     "rtx-pro-5000-blackwell": ("NVIDIA RTX PRO 5000 Blackwell Generation", (12, 0), 110, 96 << 20),
 }
 DEFAULT_PROFILE = "h100"
+
+
+def capability_of(profile_name: str) -> tuple[int, int]:
+    """The CUDA compute capability a catalogue GPU reports."""
+    return _CUDA_FACTS.get(get_profile(profile_name).name, _CUDA_FACTS[DEFAULT_PROFILE])[1]
 
 
 @dataclasses.dataclass(frozen=True)

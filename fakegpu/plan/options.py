@@ -11,6 +11,12 @@ eager program is costed either way.
   activations, the next matmul's input).  Intermediates stay in registers.  The optimizer's
   ``_foreach`` kernels and FSDP2's copy-in/copy-out are outside compiled regions (TorchTitan
   compiles the model's blocks and the loss) and are left alone.
+* :func:`async_tensor_parallel` (TorchTitan's ``enable_async_tensor_parallel``, torch's
+  micro-pipelined TP): a sequence-parallel all-gather that feeds a matmul, and a reduce-scatter
+  fed by one, run in ``tp`` chunks interleaved with the matmul's chunks.  The matmul starts once
+  the first chunk has arrived and the rest of the transfer overlaps it; a reduce-scatter starts
+  once the first chunk of the matmul is done.  Each pair then takes about
+  ``first chunk + max(the rest of one, the other)`` instead of the sum.
 * :func:`float8_matmuls` (TorchTitan's Float8 linears, dynamic tensorwise scaling): a bf16
   matmul of a linear layer runs on the FP8 tensor cores, after its two operands are cast to
   float8 (an extra memory-bound pass per operand: read bf16, write fp8; without compile also a
@@ -83,6 +89,93 @@ def fuse_memory_chains(records: Sequence[OpRecord]) -> list[OpRecord]:
         out.extend(passive)
         i = j
     return out
+
+
+def _writes_keys(record: OpRecord) -> set:
+    return {k for k, _ in record.writes}
+
+
+def _reads_keys(record: OpRecord) -> set:
+    return {k for k, _ in record.reads}
+
+
+_LOOKAHEAD = 6      # records between a collective and the matmul it pairs with (views, waits)
+
+
+def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str]) -> list[OpRecord]:
+    """The records as micro-pipelined TP runs them (module docstring)."""
+    import itertools
+
+    fresh = itertools.count(-1, -1)       # synthetic buffer keys (real ones are addresses)
+    out = list(records)
+    groups = set(tp_groups)
+    extra_reads: dict[int, set] = {}
+    i = 0
+    while i < len(out):
+        r = out[i]
+        c = r.collective
+        if c is None or c.group not in groups or len(c.ranks) < 2:
+            i += 1
+            continue
+        chunks = len(c.ranks)
+        if c.kind == "AllGather":
+            produced = _writes_keys(r)
+            j = next((j for j in range(i + 1, min(len(out), i + 1 + _LOOKAHEAD))
+                      if out[j].kind == "matmul" and _reads_keys(out[j]) & produced), None)
+            if j is None:
+                i += 1
+                continue
+            done = next(fresh)
+            head = dataclasses.replace(r, collective=dataclasses.replace(c, count=max(1, c.count // chunks)))
+            rest = dataclasses.replace(r, name=f"{r.name}_overlapped", writes=((done, 0),),
+                                       collective=dataclasses.replace(c, count=c.count - max(1, c.count // chunks)))
+            out[i:i + 1] = [head, rest]
+            j += 1
+            # whatever follows the matmul needs the whole gather
+            k = j + 1
+            while k < len(out) and out[k].kind in ("view", "no_kernel"):
+                k += 1
+            if k < len(out):
+                extra_reads.setdefault(id(out[k]), set()).add(done)
+            i += 2
+        elif c.kind == "ReduceScatter":
+            needed = _reads_keys(r)
+            j = next((j for j in range(i - 1, max(-1, i - 1 - _LOOKAHEAD), -1)
+                      if out[j].kind == "matmul" and _writes_keys(out[j]) & needed), None)
+            if j is None:
+                i += 1
+                continue
+            mm = out[j]
+            done = next(fresh)
+            first = dataclasses.replace(mm, flops=mm.flops // chunks, bytes=mm.bytes // chunks,
+                                        matmul=_chunk(mm.matmul, chunks))
+            rest = dataclasses.replace(mm, name=f"{mm.name}_overlapped", flops=mm.flops - mm.flops // chunks,
+                                       bytes=mm.bytes - mm.bytes // chunks, writes=((done, 0),),
+                                       matmul=_chunk(mm.matmul, chunks, rest=True))
+            out[j:j + 1] = [first, rest]
+            i += 1
+            # the reduce-scatter's readers also need the whole matmul
+            k = i + 1
+            while k < len(out) and out[k].kind in ("view", "no_kernel"):
+                k += 1
+            if k < len(out):
+                extra_reads.setdefault(id(out[k]), set()).add(done)
+            i += 1
+        else:
+            i += 1
+    if extra_reads:
+        out = [dataclasses.replace(r, reads=r.reads + tuple((k, 0) for k in sorted(extra_reads[id(r)])))
+               if id(r) in extra_reads else r for r in out]
+    return out
+
+
+def _chunk(geometry, chunks: int, rest: bool = False):
+    """A matmul's (batch, m, n, k) for its first of ``chunks`` row blocks, or for the rest."""
+    if geometry is None:
+        return None
+    batch, m, n, k = geometry
+    first = max(1, m // chunks)
+    return (batch, m - first if rest else first, n, k)
 
 
 def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] = (),

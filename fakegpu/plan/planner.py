@@ -140,8 +140,9 @@ def _reserved(points: list, m: dict) -> float:
     return max(m["phase_peaks"].values(), default=m["allocated"]) * ratio
 
 
-def model_options(layout, vocab_size: int) -> ModelOptions:
-    return ModelOptions(compile=layout.compile, float8=layout.float8, float8_excluded_dims=(vocab_size,))
+def model_options(layout, vocab_size: int, labels: dict) -> ModelOptions:
+    return ModelOptions(compile=layout.compile, float8=layout.float8, float8_excluded_dims=(vocab_size,),
+                        async_tp=layout.async_tp, tp_groups=tuple(g for g, n in labels.items() if n == "tp"))
 
 
 def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
@@ -164,7 +165,7 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
     for depth in depths:
         cap = titan.capture(config, world_size, n_layers=depth, batch_size=batch)
         first = first or cap
-        points.append(_metrics(cap, gpu, topology, model_options(layout, cap.vocab_size)))
+        points.append(_metrics(cap, gpu, topology, model_options(layout, cap.vocab_size, cap.labels)))
     m = _extrapolate(points, depths, stage_layers)
     nparams, flops_per_token = titan.model_size(config)
     bubble = 0.0

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Collection, Optional, Sequence
+from typing import Optional, Sequence
 
 from fakegpu import costmodel
 
 from .compute import OpRecord, model_op
 from .gpu_compute import compute_of
-from .options import float8_matmuls, fuse_memory_chains
+from .options import async_tensor_parallel, float8_matmuls, fuse_memory_chains
 from .timeline import COMPUTE, Task, Timeline, simulate
 
 
@@ -25,6 +25,8 @@ class ModelOptions:
     compile: bool = False
     float8: bool = False
     float8_excluded_dims: tuple = ()   # matmul dimensions left in bf16 (the vocabulary's)
+    async_tp: bool = False
+    tp_groups: tuple = ()              # the tensor-parallel groups' names (for async_tp)
     allow_tf32: Optional[bool] = None
 
 
@@ -42,6 +44,8 @@ class StepTimes:
 
 def apply_options(records: Sequence[OpRecord], options: ModelOptions) -> list[OpRecord]:
     out = list(records)
+    if options.async_tp and options.tp_groups:
+        out = async_tensor_parallel(out, options.tp_groups)
     if options.compile:
         out = fuse_memory_chains(out)
     if options.float8:
@@ -113,21 +117,3 @@ def step_times(records: Sequence[OpRecord], gpu, topology, options: ModelOptions
     flops = sum(r.flops for r in records if r.step == last)
     return StepTimes(timeline, timeline.step_seconds(last), {k: v[1] - v[0] for k, v in phases.items()},
                      timeline.exposed_in_step(last), communication, compute_s, flops, records)
-
-
-def mesh_labels(mesh) -> dict:
-    """Group name -> mesh dimension name for a DeviceMesh (flattened dimensions included)."""
-    labels = {}
-    if mesh is None:
-        return labels
-    names = list(getattr(mesh, "mesh_dim_names", None) or [])
-    for name in names:
-        try:
-            labels[mesh[name].get_group().group_name] = name
-        except Exception:   # noqa: BLE001 - a dimension without its own group
-            continue
-    return labels
-
-
-def group_label(group_name: str, ranks: Collection[int]) -> str:
-    return f"{group_name} ({len(ranks)} ranks)"

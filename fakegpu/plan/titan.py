@@ -44,6 +44,7 @@ class Layout:
     ac: str                 # none | selective | full
     compile: bool
     float8: bool
+    async_tp: bool
     n_layers: int
     flavor: str
     module: str
@@ -66,6 +67,8 @@ class Layout:
             parts.append("compile")
         if self.float8:
             parts.append("float8")
+        if self.async_tp:
+            parts.append("async TP")
         return ", ".join(parts)
 
 
@@ -95,10 +98,19 @@ def _ac_name(config) -> str:
 
 
 def _float8_converters(model_spec) -> bool:
-    converters = getattr(model_spec, "converters", None) or []
-    model = getattr(model_spec, "model", None)
-    converters = list(converters) + list(getattr(model, "converters", None) or [])
-    return any("float8" in type(c).__qualname__.lower() for c in converters)
+    """Whether TorchTitan's Float8 converter swapped the model's linears (its config classes are
+    Float8Linear's, in the first block's attention and feed-forward)."""
+    import dataclasses as dc
+
+    def walk(value, depth: int) -> bool:
+        if "float8" in type(value).__qualname__.lower():
+            return True
+        if depth == 0 or not dc.is_dataclass(value):
+            return False
+        return any(walk(getattr(value, f.name, None), depth - 1) for f in dc.fields(value))
+
+    layers = getattr(getattr(model_spec, "model", None), "layers", None) or []
+    return bool(layers) and walk(layers[0], 4)
 
 
 def layout_of(config, world_size: int) -> Layout:
@@ -114,7 +126,9 @@ def layout_of(config, world_size: int) -> Layout:
     return Layout(world_size, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, dims.cp,
                   int(config.training.local_batch_size), int(config.training.seq_len),
                   int(par.pipeline_parallel_microbatch_size), schedule, _ac_name(config), compile_on,
-                  _float8_converters(spec), n_layers, spec.flavor, spec.name)
+                  _float8_converters(spec),
+                  bool(getattr(config.compile, "enable_async_tensor_parallel", False)) and dims.tp > 1,
+                  n_layers, spec.flavor, spec.name)
 
 
 def pipeline_chunks(layout: Layout, layers_per_stage: Optional[int] = None) -> int:

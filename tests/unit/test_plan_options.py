@@ -162,3 +162,82 @@ def test_fp8_matmul_faster_by_peak_ratio_on_h100():
     assert bf16_cost.compute_seconds / fp8_cost.compute_seconds == pytest.approx(ratio, rel=1e-12)
     assert (bf16_cost.seconds - LAUNCH_S) / (fp8_cost.seconds - LAUNCH_S) == pytest.approx(ratio, rel=1e-12)
     assert fp8_cost.seconds < bf16_cost.seconds
+
+
+# async_tensor_parallel -----------------------------------------------------------------------
+
+def _collective(kind, count, reads, writes, group="tp", ranks=(0, 1, 2, 3)):
+    from fakegpu.plan.collectives import Collective
+
+    return OpRecord(f"c10d.{kind}", kind, "communication", (), (), (), (), 0, count * 2,
+                    reads=tuple((k, MB) for k in reads), writes=tuple((k, MB) for k in writes),
+                    collective=Collective(kind, count, 2, ranks, group), phase="forward")
+
+
+def _timed(records):
+    from fakegpu.plan.step import step_times
+    from fakegpu.topology.model import default_topology
+
+    return step_times(records, "h100", default_topology(4))
+
+
+def test_async_tp_overlaps_an_all_gather_with_the_matmul_it_feeds():
+    from fakegpu.plan.options import async_tensor_parallel
+    from fakegpu.plan.step import CollectiveTimer
+    from fakegpu.plan.timeline import OVERLAP_SLOWDOWN
+    from fakegpu.topology.model import default_topology
+
+    count = 1 << 22
+    records = [_collective("AllGather", count, ["shard"], ["full"]),
+               matmul(8192, 8192, 8192, reads=["full", "w"], writes=["y"]),
+               mem("gelu", ["y"], ["z"])]
+    out = async_tensor_parallel(records, {"tp"})
+    head, rest, mm, after = out
+    assert (head.collective.count, rest.collective.count) == (count // 4, count - count // 4)
+    synthetic = dict(rest.writes)
+    assert set(synthetic) <= set(dict(after.reads)) and mm is records[1]
+    timer = CollectiveTimer(default_topology(4))
+    ag_head = timer.seconds("AllGather", count // 4, 2, (0, 1, 2, 3))
+    ag_rest = timer.seconds("AllGather", count - count // 4, 2, (0, 1, 2, 3))
+    mm_s = model_op(records[1], "h100").seconds
+    gelu_s = model_op(records[2], "h100").seconds
+    # the matmul starts after the first chunk, the rest of the gather runs beside it (slowing it)
+    overlapped = mm_s + OVERLAP_SLOWDOWN * min(mm_s, ag_rest)
+    expected = ag_head + max(overlapped, ag_rest) + gelu_s
+    assert _timed(out).step_seconds == pytest.approx(expected, rel=1e-9)
+    eager = _timed(records).step_seconds
+    assert eager == pytest.approx(timer.seconds("AllGather", count, 2, (0, 1, 2, 3)) + mm_s + gelu_s, rel=1e-9)
+    assert _timed(out).step_seconds < eager
+
+
+def test_async_tp_starts_a_reduce_scatter_after_the_first_chunk_of_its_matmul():
+    from fakegpu.plan.options import async_tensor_parallel
+
+    records = [matmul(8192, 8192, 8192, reads=["x", "w"], writes=["partial"]),
+               _collective("ReduceScatter", 1 << 22, ["partial"], ["out"]),
+               mem("add", ["out"], ["h"])]
+    out = async_tensor_parallel(records, {"tp"})
+    first, rest, rs, after = out
+    assert first.flops == records[0].flops // 4 and first.flops + rest.flops == records[0].flops
+    assert first.matmul == (1, 2048, 8192, 8192) and rest.matmul == (1, 6144, 8192, 8192)
+    assert set(dict(rest.writes)) <= set(dict(after.reads))     # the reader waits for the whole matmul
+    assert dict(first.writes) == dict(records[0].writes)       # the reduce-scatter waits for the first chunk
+    assert _timed(out).step_seconds < _timed(records).step_seconds
+
+
+def test_async_tp_leaves_other_groups_and_unpaired_collectives_alone():
+    from fakegpu.plan.options import async_tensor_parallel
+
+    records = [_collective("AllGather", 1 << 20, ["shard"], ["full"], group="fsdp"),
+               matmul(4096, 4096, 4096, reads=["full", "w"], writes=["y"]),
+               _collective("AllReduce", 1 << 20, ["y"], ["y"])]
+    assert async_tensor_parallel(records, {"tp"}) == records
+    tp_only = [dataclasses_replace_group(r, "tp") if r.collective else r for r in records]
+    out = async_tensor_parallel(tp_only, {"tp"})
+    assert len(out) == 4            # the all-gather pairs with the matmul; the all-reduce does not
+
+
+def dataclasses_replace_group(record, group):
+    import dataclasses
+
+    return dataclasses.replace(record, collective=dataclasses.replace(record.collective, group=group))
