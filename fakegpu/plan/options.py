@@ -99,7 +99,7 @@ def _reads_keys(record: OpRecord) -> set:
     return {k for k, _ in record.reads}
 
 
-_LOOKAHEAD = 6      # records between a collective and the matmul it pairs with (views, waits)
+_LOOKAHEAD = 16     # records between a collective and the matmul it pairs with (views, waits, a cat)
 
 
 def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str]) -> list[OpRecord]:
@@ -119,9 +119,7 @@ def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str
             continue
         chunks = len(c.ranks)
         if c.kind == "AllGather":
-            produced = _writes_keys(r)
-            j = next((j for j in range(i + 1, min(len(out), i + 1 + _LOOKAHEAD))
-                      if out[j].kind == "matmul" and _reads_keys(out[j]) & produced), None)
+            j = _consumer_matmul(out, i)
             if j is None:
                 i += 1
                 continue
@@ -139,9 +137,7 @@ def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str
                 extra_reads.setdefault(id(out[k]), set()).add(done)
             i += 2
         elif c.kind == "ReduceScatter":
-            needed = _reads_keys(r)
-            j = next((j for j in range(i - 1, max(-1, i - 1 - _LOOKAHEAD), -1)
-                      if out[j].kind == "matmul" and _writes_keys(out[j]) & needed), None)
+            j = _producer_matmul(out, i)
             if j is None:
                 i += 1
                 continue
@@ -152,21 +148,52 @@ def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str
             rest = dataclasses.replace(mm, name=f"{mm.name}_overlapped", flops=mm.flops - mm.flops // chunks,
                                        bytes=mm.bytes - mm.bytes // chunks, writes=((done, 0),),
                                        matmul=_chunk(mm.matmul, chunks, rest=True))
-            out[j:j + 1] = [first, rest]
-            i += 1
+            # the first chunk stays where the matmul was; the rest runs after the reduce-scatter is
+            # issued (the ops between, a wait or a cat, need only the first chunk's rows)
+            out[j:j + 1] = [first]
+            out.insert(i + 1, rest)
             # the reduce-scatter's readers also need the whole matmul
-            k = i + 1
+            k = i + 2
             while k < len(out) and out[k].kind in ("view", "no_kernel"):
                 k += 1
             if k < len(out):
                 extra_reads.setdefault(id(out[k]), set()).add(done)
-            i += 1
+            i += 2
         else:
             i += 1
     if extra_reads:
         out = [dataclasses.replace(r, reads=r.reads + tuple((k, 0) for k in sorted(extra_reads[id(r)])))
                if id(r) in extra_reads else r for r in out]
     return out
+
+
+def _consumer_matmul(records, i: int):
+    """Index of the matmul that consumes collective ``i``'s output, following it through the
+    ops between (``wait_tensor``, the ``cat`` that puts a sequence-dimension gather in order),
+    or None."""
+    produced = _writes_keys(records[i])
+    for j in range(i + 1, min(len(records), i + 1 + _LOOKAHEAD)):
+        r = records[j]
+        if not (_reads_keys(r) & produced):
+            continue
+        if r.kind == "matmul":
+            return j
+        produced |= _writes_keys(r)
+    return None
+
+
+def _producer_matmul(records, i: int):
+    """Index of the matmul whose output collective ``i`` reduces (through the ops between), or
+    None."""
+    needed = _reads_keys(records[i])
+    for j in range(i - 1, max(-1, i - 1 - _LOOKAHEAD), -1):
+        r = records[j]
+        if not (_writes_keys(r) & needed):
+            continue
+        if r.kind == "matmul":
+            return j
+        needed |= _reads_keys(r)
+    return None
 
 
 def _chunk(geometry, chunks: int, rest: bool = False):

@@ -79,7 +79,7 @@ class TitanCapture:
     labels: dict                         # group name -> mesh dimension name
     peak_reserved_bytes: int
     peak_allocated_bytes: int
-    activation_bytes: int                # one micro-batch's activations at the backward's start
+    activation_bytes: int                # one micro-batch's saved activations (forward's output excluded)
     phase_peaks: dict                    # phase -> peak allocated bytes in the last step
     captured_layers: int
     nparams: int                         # of the captured (maybe shallower) model
@@ -237,13 +237,19 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                     before = replay.allocator.stat("allocated_bytes")
                     with recorder.phase("forward", step):
                         logits = model(tokens, **attention_kwargs)
+                    # what a pipeline stage keeps per micro-batch in flight: the forward's saved
+                    # tensors, not its output (only the last stage has logits, and it frees them
+                    # with each micro-batch's backward)
+                    output = _local(logits)
+                    activation = max(activation, replay.allocator.stat("allocated_bytes") - before
+                                     - output.numel() * output.element_size())
+                    del output
                     logits, loss_context = _loss_parallel(logits)
                     with loss_context:
                         with recorder.phase("loss", step):
                             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
                                                                      labels_t.flatten())
                             del logits
-                        activation = max(activation, replay.allocator.stat("allocated_bytes") - before)
                         with recorder.phase("backward", step):
                             loss.backward()
                     with recorder.phase("optimizer", step):

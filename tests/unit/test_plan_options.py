@@ -217,7 +217,8 @@ def test_async_tp_starts_a_reduce_scatter_after_the_first_chunk_of_its_matmul():
                _collective("ReduceScatter", 1 << 22, ["partial"], ["out"]),
                mem("add", ["out"], ["h"])]
     out = async_tensor_parallel(records, {"tp"})
-    first, rest, rs, after = out
+    first, rs, rest, after = out         # the rest of the matmul runs after the reduce-scatter is issued
+    assert rs is records[1]
     assert first.flops == records[0].flops // 4 and first.flops + rest.flops == records[0].flops
     assert first.matmul == (1, 2048, 8192, 8192) and rest.matmul == (1, 6144, 8192, 8192)
     assert set(dict(rest.writes)) <= set(dict(after.reads))     # the reader waits for the whole matmul
