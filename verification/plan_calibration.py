@@ -58,8 +58,19 @@ def plan_row(row: dict) -> dict:
 
     config = _titan_config(titan_args(row), "h100-96gb")
     _set_ac(config, row["ac"])
+    _loss_of_2024(config)
     plan = plan_titan(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), float8=row["float8"] == "1")
     return plan.to_dict()
+
+
+def _loss_of_2024(config) -> None:
+    """The published runs (TorchTitan of 2024-12) computed cross-entropy on the whole logits;
+    TorchTitan 0.3.0's default chunks the output projection and the loss over the sequence,
+    which holds far less memory. The rows are planned with the loss their software ran."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+
+    if isinstance(config.loss, ChunkedLossWrapper.Config):
+        config.loss = config.loss.loss_fn if config.loss.loss_fn is not None else CrossEntropyLoss.Config()
 
 
 def run(selected: list[dict]) -> list[dict]:

@@ -130,14 +130,15 @@ def _extrapolate(points: list, depths: tuple, target: int) -> dict:
 
 
 def _reserved(points: list, m: dict) -> float:
-    """Peak reserved bytes at the target depth: the largest phase peak of allocated memory
-    (each linear in depth) times the allocator's reserved / allocated ratio of the deepest
-    capture (its fragmentation and caching)."""
-    if len(points) == 1:
-        return m["reserved"]
+    """Peak reserved bytes at the target depth: the largest phase peak of allocated memory in
+    the steady (last) step, each linear in depth, times the allocator's reserved / allocated
+    ratio of the deepest capture (its fragmentation and caching).  The first step is left out:
+    on fake CPU tensors its optimizer-state creation passes through full-size temporaries a
+    GPU run does not have."""
     deepest = points[-1]
     ratio = deepest["reserved"] / deepest["allocated"] if deepest["allocated"] else 1.0
-    return max(m["phase_peaks"].values(), default=m["allocated"]) * ratio
+    peaks = [v for k, v in m["phase_peaks"].items() if k != "probe"]
+    return max(peaks, default=m["allocated"]) * ratio
 
 
 def model_options(layout, vocab_size: int, labels: dict) -> ModelOptions:
@@ -163,7 +164,7 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
               if extrapolate and stage_layers > max(EXTRAPOLATION_DEPTHS) else (stage_layers,))
     points, first = [], None
     for depth in depths:
-        cap = titan.capture(config, world_size, n_layers=depth, batch_size=batch)
+        cap = titan.capture(config, world_size, n_layers=depth, batch_size=batch, probe_in_flight=layout.pp > 1)
         first = first or cap
         points.append(_metrics(cap, gpu, topology, model_options(layout, cap.vocab_size, cap.labels)))
     m = _extrapolate(points, depths, stage_layers)

@@ -156,8 +156,13 @@ def _uses_flex(model) -> bool:
 
 
 def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size: Optional[int] = None,
-            steps: int = 2, device_gib: float = 96.0) -> TitanCapture:
+            steps: int = 2, device_gib: float = 96.0, probe_in_flight: bool = False) -> TitanCapture:
     """Record ``steps`` training steps of ``config`` as logical rank 0 of ``world_size``.
+
+    ``probe_in_flight``: in the last step, run a second forward before the first one's backward
+    (phase "probe", not timed) and measure what it adds: the memory one more micro-batch in
+    flight holds on a pipeline stage (FSDP2 keeps the parameters unsharded between a stage's
+    micro-batches, so the first forward's growth would count them too).
 
     ``n_layers``: build that many transformer blocks instead of the config's (pipeline chunks,
     depth extrapolation).  ``batch_size``: the batch one forward runs (a micro-batch under
@@ -196,6 +201,9 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         titan_dims.device_type = "cpu"          # fake tensors live on the CPU (see estimate_memory)
+        from torchtitan.distributed import utils as titan_utils
+
+        titan_utils.set_spmd_backend(par.spmd_backend)   # as the trainer does before building
         parallel_dims = ParallelDims.from_config(par, world_size)
         parallel_dims.build_mesh()
         labels = _group_labels(parallel_dims)
@@ -208,6 +216,15 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
         model = spec.parallelize_fn(model, parallel_dims=parallel_dims, training=config.training,
                                     parallelism=config.parallelism, compile_config=config.compile,
                                     ac_config=config.activation_checkpoint, dump_folder="/tmp")
+        # the trainer's loss, as its trainer sets it up: with the chunked wrapper (TorchTitan's
+        # default) the model skips its output projection and the loss runs it chunk by chunk
+        from torchtitan.components.loss import ChunkedLossWrapper
+
+        loss_fn = config.loss.build(compile_config=config.compile)
+        if isinstance(loss_fn, ChunkedLossWrapper):
+            loss_fn.set_lm_head(model.lm_head)
+            model._skip_lm_head = True
+        train_context = titan_utils.get_spmd_context(parallel_dims=parallel_dims)
         attention_kwargs = {}
         if _uses_flex(model):
             from torch.nn.attention.flex_attention import create_block_mask
@@ -228,6 +245,7 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
             # TorchTitan's AdamW; the per-parameter loop (see estimate_memory for why).
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                                           weight_decay=0.1, foreach=False, fused=False)
+            valid_tokens = torch.tensor(float(batch * seq * parallel_dims.dp_replicate * parallel_dims.dp_shard))
             recorder = OpRecorder()
             peaks = _PhasePeaks(replay, recorder)
             with _replay_mode(replay), peaks, recorder:
@@ -241,14 +259,20 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                     # tensors, not its output (only the last stage has logits, and it frees them
                     # with each micro-batch's backward)
                     output = _local(logits)
-                    activation = max(activation, replay.allocator.stat("allocated_bytes") - before
-                                     - output.numel() * output.element_size())
+                    output_bytes = output.numel() * output.element_size()
                     del output
-                    logits, loss_context = _loss_parallel(logits)
-                    with loss_context:
+                    if not probe_in_flight:
+                        activation = max(activation, replay.allocator.stat("allocated_bytes") - before
+                                         - output_bytes)
+                    elif step == steps - 1:
+                        held = replay.allocator.stat("allocated_bytes")
+                        with recorder.phase("probe", step):
+                            extra = model(tokens, **attention_kwargs)
+                            activation = max(0, replay.allocator.stat("allocated_bytes") - held - output_bytes)
+                            del extra      # its graph goes with it; no backward runs
+                    with train_context():
                         with recorder.phase("loss", step):
-                            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
-                                                                     labels_t.flatten())
+                            loss, _ = loss_fn(logits, labels_t, valid_tokens)
                             del logits
                         with recorder.phase("backward", step):
                             loss.backward()
@@ -262,7 +286,8 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                             int(replay.allocator.stat("reserved_bytes", field="peak")),
                             int(replay.allocator.stat("allocated_bytes", field="peak")),
                             int(activation), peaks.last_step(), len(model_config.layers), nparams, flops_per_token, vocab, dim,
-                            {"nparams_local": nparams_local, "tp_mesh": tp_mesh is not None})
+                            {"nparams_local": nparams_local, "tp_mesh": tp_mesh is not None,
+                             "all_peaks": dict(peaks.peaks)})
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -315,22 +340,6 @@ class _PhasePeaks:
     def last_step(self) -> dict:
         last = max((s for s, _ in self.peaks), default=0)
         return {phase: int(v) for (s, phase), v in self.peaks.items() if s == last}
-
-
-def _loss_parallel(logits):
-    """(logits, context) as TorchTitan computes its cross-entropy: vocabulary-sharded logits
-    (tensor parallelism's output layer) under loss parallelism, for the loss and its backward,
-    without gathering them."""
-    import contextlib
-
-    from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    if isinstance(logits, DTensor):
-        if any(isinstance(p, Shard) and p.dim in (-1, logits.dim() - 1) for p in logits.placements):
-            return logits, loss_parallel()
-        return logits.full_tensor(), contextlib.nullcontext()
-    return logits, contextlib.nullcontext()
 
 
 def _local(t):
