@@ -35,6 +35,7 @@ VARIABLES = [
     ('`FAKEGPU_TRACE_PATH`', 'none', 'coordinator', 'Chrome-trace / Perfetto timeline.'),
     ('`FAKEGPU_DEVICE_COUNT`', '`LOCAL_WORLD_SIZE`, else 1', 'fake CUDA devices (torch autoload hook); shim (hybrid/fake modes)', 'Number of fake devices exposed.'),
     ('`FAKEGPU_FAKE_CUDA`', 'fgpu: `1` in simulate mode, `0` in hybrid', 'torch autoload hook', '`1`: fake CUDA devices in every rank whose torch has no usable GPU (docs/fake-cuda.md). Set `0` before fgpu to keep them off.'),
+    ('`FAKEGPU_PLAN_RECORD`', 'none', 'fake worlds (set by `fgpu plan`)', "Set by `fgpu plan` on a user's script, not by you: the file where the planning process writes the ops and collectives of the steps it recorded (docs/planning.md)."),
     ('`FAKEGPU_MEMORY_CAPTURE_PATH`', 'none', '`fakegpu.fake.memory`', 'Memory capture file.'),
     ('`NGPU`, `FAKE_PP_RANK`, `FAKEGPU_PP_DEGREE`', '—', 'fake worlds', "Logical world size, this process's pipeline coordinate and the pipeline degree in the fake modes (see docs/fake-worlds.md)."),
     ('`FAKEGPU_TORCH_AUTOLOAD`', '`1`', '`fakegpu.torch` autoload hook', '`0` stops the hook from registering the `fakegpu` torch backend.'),

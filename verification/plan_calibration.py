@@ -45,6 +45,10 @@ def titan_args(row: dict) -> list[str]:
             "--training.seq_len", row["seq_len"]]
     if int(row["pp"]) > 1:       # TorchTitan 0.3.0 refuses CUDA graphs with pipeline parallelism
         args += ["--training.disable_cuda_graphs"]
+        # TorchTitan of 2024-12 split the local batch into as many micro-batches as pipeline
+        # stages by default (its pipeline_parallel_microbatches); 0.3.0 sets a micro-batch size
+        microbatches = int(row["pp"])
+        args += ["--parallelism.pipeline_parallel_microbatch_size", str(int(row["local_batch"]) // microbatches)]
     args += ["--compile.enable" if row["compile"] == "1" else "--compile.no-enable"]
     args += ["--compile.enable_async_tensor_parallel" if row["async_tp"] == "1"
              else "--compile.no-enable_async_tensor_parallel"]

@@ -231,6 +231,52 @@ def sweep_layouts(config, world: int, gpus_per_node: int):
                     yield c
 
 
+def _plan_dict(config, world, topology, extrapolate, float8) -> dict:
+    from fakegpu.plan.planner import plan_titan
+
+    return plan_titan(config, world, topology, extrapolate=extrapolate, float8=float8).to_dict()
+
+
+_PENDING: list = []      # the layout a forked child plans (configs hold closures: no pickling)
+
+
+def _plan_pending(conn) -> None:
+    try:
+        conn.send(("ok", _plan_dict(*_PENDING[0])))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent, which goes on
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def _plan_isolated(config, world, topology, extrapolate, float8, timeout: float = 1800.0) -> dict:
+    """One layout of a sweep in a child forked for it: each capture starts from a process with
+    no process group, mesh or compiled state left by the layout before (torch and TorchTitan
+    keep such state in module globals), and its memory goes back when it ends."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    _PENDING[:] = [(config, world, topology, extrapolate, float8)]
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_plan_pending, args=(child,))
+    process.start()
+    child.close()
+    try:
+        if not parent.poll(timeout):
+            raise PlanError(f"planning the layout took longer than {timeout:.0f} s")
+        status, value = parent.recv()
+    except EOFError:
+        raise PlanError(f"the planning process died (exit status {process.exitcode})") from None
+    finally:
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+        _PENDING.clear()
+    if status != "ok":
+        raise PlanError(value)
+    return value
+
+
 def _set_ac(config, mode: str) -> None:
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
@@ -289,15 +335,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "fgpu plan") -> int:
         candidates = list(sweep_layouts(config, world, per_node))
         for index, candidate in enumerate(candidates, 1):
             try:
-                plan = plan_titan(candidate, world, topology, extrapolate=not a.no_extrapolate,
-                                  float8=True if a.float8 else None)
+                plan = _plan_isolated(candidate, world, topology, not a.no_extrapolate,
+                                      True if a.float8 else None)
             except Exception as exc:   # noqa: BLE001 - a layout TorchTitan refuses is reported, not fatal
                 print(f"[{index}/{len(candidates)}] skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
-            print(f"[{index}/{len(candidates)}] {plan.layout.describe()}: {plan.tokens_per_second_per_gpu:,.0f} "
-                  f"tokens/s/GPU, {plan.peak_memory_reserved_gib:.1f} GiB"
-                  + ("" if plan.fits else " (does not fit)"), file=sys.stderr, flush=True)
-            results.append(_summary(plan.to_dict()))
+            print(f"[{index}/{len(candidates)}] {plan['layout_text']}: {plan['tokens_per_second_per_gpu']:,.0f} "
+                  f"tokens/s/GPU, {plan['peak_memory_reserved_gib']:.1f} GiB"
+                  + ("" if plan["fits"] else " (does not fit)"), file=sys.stderr, flush=True)
+            results.append(_summary(plan))
         fitting = sorted((r for r in results if r["fits"]), key=lambda r: -r["tokens_per_second_per_gpu"])
         _write_outputs(a.output_dir, None, {"ranked": fitting,
                                             "dropped_for_memory": [r for r in results if not r["fits"]]}, None)

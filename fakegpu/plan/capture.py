@@ -63,8 +63,23 @@ class OpRecorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.records: list[OpRecord] = []
+        # storage address -> buffer id: a storage freed and another allocated at the same
+        # address are different buffers (an op's fresh output gets a new id), so a dependency
+        # or a fused chain's "read later" never links two unrelated tensors
+        self._ids: dict = {}
+        self._next_id = 0
         self.current_phase = ""
         self.current_step = 0
+
+    def buffer_ids(self, buffers, fresh: bool = False) -> tuple:
+        """(buffer id, bytes) for (storage address, bytes) pairs; ``fresh``: newly allocated."""
+        out = []
+        for address, nbytes in buffers:
+            if fresh or address not in self._ids:
+                self._next_id += 1
+                self._ids[address] = self._next_id
+            out.append((self._ids[address], nbytes))
+        return tuple(out)
 
     @contextlib.contextmanager
     def phase(self, name: str, step: Optional[int] = None):
@@ -94,9 +109,18 @@ class OpRecorder(TorchDispatchMode):
             record = describe_op(func, args, kwargs, out)
             if record.kind in ("view", "no_kernel"):
                 reads = writes = ()     # nothing runs: nothing waits, nothing becomes ready
+                # but an allocation (empty, new_empty) is a new buffer at its address
+                inputs = {a for a, _ in _buffers((args, kwargs))}
+                self.buffer_ids(tuple(b for b in _buffers(out) if b[0] not in inputs), fresh=True)
             else:
-                reads = _buffers((args, kwargs))
-                writes = _buffers((out, _mutated_tensors(func, args, kwargs)))
+                raw_reads = _buffers((args, kwargs))
+                reads = self.buffer_ids(raw_reads)
+                mutated = _buffers(_mutated_tensors(func, args, kwargs))
+                read_addresses = {a for a, _ in raw_reads}
+                # outputs that are not inputs written in place are new buffers
+                fresh = tuple(b for b in _buffers(out) if b[0] not in read_addresses and b not in mutated)
+                writes = self.buffer_ids(mutated) + self.buffer_ids(fresh, fresh=True) + \
+                    self.buffer_ids(tuple(b for b in _buffers(out) if b[0] in read_addresses and b not in mutated))
             collective = describe_collective(func, args, kwargs) if record.kind == "communication" else None
             self.records.append(dataclasses.replace(
                 record, reads=reads, writes=writes, collective=collective,

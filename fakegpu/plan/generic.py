@@ -62,7 +62,7 @@ def _observer(recorder):
     from .compute import OpRecord
 
     def observe(kind, members, elem_size, count, comm_name, tensors):
-        buffers = _buffers(tensors)
+        buffers = recorder.buffer_ids(_buffers(tensors))
         collective = Collective(kind, count, elem_size, members, comm_name)
         recorder.records.append(OpRecord(
             f"fakegpu_fake.{kind}", kind, "communication", (), (), (), (), 0, count * elem_size,

@@ -38,6 +38,11 @@ _NOT_COMPILED_PREFIXES = ("_foreach", "split_with_sizes_copy", "_chunk_cat", "ch
 # pass's read (2.5x).
 CAST_BYTES_COMPILED = 1.5
 CAST_BYTES_EAGER = 2.5
+# Share of the memory-bound kernels' bandwidth a compiled (fused) kernel reaches: Inductor's
+# generated reductions and multi-output kernels stream below the eager vectorized elementwise
+# kernels' rate, and not every chain fuses whole. Fitted on TorchTitan's table 1 compile row
+# (docs/planning.md); its held-out check is table 3.
+FUSED_BANDWIDTH_SHARE = 0.6
 
 
 def _fusible(record: OpRecord) -> bool:
@@ -81,7 +86,7 @@ def fuse_memory_chains(records: Sequence[OpRecord]) -> list[OpRecord]:
             for key, nbytes in record.writes:
                 written[key] = nbytes
         escaping = {key: n for key, n in written.items() if last_read.get(key, -1) >= j or key in reads}
-        nbytes = sum(reads.values()) + sum(escaping.values())
+        nbytes = int((sum(reads.values()) + sum(escaping.values())) / FUSED_BANDWIDTH_SHARE)
         first = chain[0]
         out.append(dataclasses.replace(
             first, op=f"fused({len(chain)})", name=f"fused_{first.name}", bytes=nbytes,
@@ -232,3 +237,34 @@ def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] =
         out.append(dataclasses.replace(record, math="fp8", name=f"{record.name}_fp8",
                                        bytes=max(0, record.bytes - operand_bytes // 2)))
     return out
+
+
+def compiled_activation_savings(records: Sequence[OpRecord]) -> int:
+    """Bytes of saved activations a compiled forward does not keep, in the last step.
+
+    Inductor's partitioner saves a fused region's inputs for the backward and recomputes its
+    cheap pointwise intermediates there instead of keeping them (the eager program keeps
+    every tensor autograd saved).  Counted: a buffer a fusible forward op writes whose readers
+    in the backward are all memory-bound ops (a matmul's saved input is kept)."""
+    if not records:
+        return 0
+    last = max(r.step for r in records)
+    writer: dict = {}            # key -> (index of the forward op that last wrote it, bytes)
+    readers: dict = {}           # (writer index, key) -> set of reader kinds in the backward
+    for index, record in enumerate(r for r in records if r.step == last):
+        if record.phase == "backward":
+            for key, _ in record.reads:
+                w = writer.get(key)
+                if w is not None:
+                    readers.setdefault((w[0], key), set()).add(record.kind)
+        for key, nbytes in record.writes:
+            if record.phase == "forward" and _fusible(record):
+                writer[key] = (index, nbytes)
+            else:
+                writer.pop(key, None)       # written by something else: no longer that activation
+    sizes = {}
+    for index, record in enumerate(r for r in records if r.step == last):
+        if record.phase == "forward" and _fusible(record):
+            for key, nbytes in record.writes:
+                sizes[(index, key)] = nbytes
+    return sum(sizes.get(k, 0) for k, kinds in readers.items() if kinds and kinds <= {"memory", "view", "no_kernel"})

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .pipeline import normalize_schedule, simulate_pipeline
+from .options import compiled_activation_savings
 from .step import CollectiveTimer, ModelOptions, step_times
 
 GiB = 1024 ** 3
@@ -104,6 +105,8 @@ def _metrics(capture, gpu, topology, options) -> dict:
         "exposed": st.exposed,
         "communication": st.communication,
         "reserved": float(capture.peak_reserved_bytes),
+        # torch.compile keeps fewer activations (fakegpu.plan.options.compiled_activation_savings)
+        "compile_savings": float(compiled_activation_savings(capture.records)) if options.compile else 0.0,
         "allocated": float(capture.peak_allocated_bytes),
         "phase_peaks": {k: float(v) for k, v in capture.phase_peaks.items()},
         "activation": float(capture.activation_bytes),
@@ -138,7 +141,7 @@ def _reserved(points: list, m: dict) -> float:
     deepest = points[-1]
     ratio = deepest["reserved"] / deepest["allocated"] if deepest["allocated"] else 1.0
     peaks = [v for k, v in m["phase_peaks"].items() if k != "probe"]
-    return max(peaks, default=m["allocated"]) * ratio
+    return max(0.0, max(peaks, default=m["allocated"]) - m["compile_savings"]) * ratio
 
 
 def model_options(layout, vocab_size: int, labels: dict) -> ModelOptions:

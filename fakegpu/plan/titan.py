@@ -19,7 +19,9 @@ converter become model options of the cost model (fakegpu.plan.options).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import importlib
 import math
 from dataclasses import dataclass, field
@@ -248,12 +250,12 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
             valid_tokens = torch.tensor(float(batch * seq * parallel_dims.dp_replicate * parallel_dims.dp_shard))
             recorder = OpRecorder()
             peaks = _PhasePeaks(replay, recorder)
-            with _replay_mode(replay), peaks, recorder:
+            with _replay_mode(replay), peaks, recorder, _collected_at_phases():
                 for step in range(steps):
                     tokens = torch.randint(0, vocab, (batch, seq))
                     labels_t = torch.randint(0, vocab, (batch, seq))
                     before = replay.allocator.stat("allocated_bytes")
-                    with recorder.phase("forward", step):
+                    with _phase(recorder, "forward", step):
                         logits = model(tokens, **attention_kwargs)
                     # what a pipeline stage keeps per micro-batch in flight: the forward's saved
                     # tensors, not its output (only the last stage has logits, and it frees them
@@ -266,17 +268,17 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                                          - output_bytes)
                     elif step == steps - 1:
                         held = replay.allocator.stat("allocated_bytes")
-                        with recorder.phase("probe", step):
+                        with _phase(recorder, "probe", step):
                             extra = model(tokens, **attention_kwargs)
                             activation = max(0, replay.allocator.stat("allocated_bytes") - held - output_bytes)
                             del extra      # its graph goes with it; no backward runs
                     with train_context():
-                        with recorder.phase("loss", step):
+                        with _phase(recorder, "loss", step):
                             loss, _ = loss_fn(logits, labels_t, valid_tokens)
                             del logits
-                        with recorder.phase("backward", step):
+                        with _phase(recorder, "backward", step):
                             loss.backward()
-                    with recorder.phase("optimizer", step):
+                    with _phase(recorder, "optimizer", step):
                         _clip_grad_norm(model, parallel_dims)
                         optimizer.step()
                         optimizer.zero_grad()
@@ -306,6 +308,27 @@ def _group_labels(parallel_dims) -> dict:
         if mesh is not None and mesh.size() > 1:
             labels.setdefault(mesh.get_group().group_name, name)
     return labels
+
+
+@contextlib.contextmanager
+def _collected_at_phases():
+    """No garbage collection inside a phase, a full one between phases: the allocator replay
+    frees a storage when Python does, and cyclic garbage collected at arbitrary moments made
+    the peak differ from run to run by several GiB."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _phase(recorder, name: str, step: int):
+    gc.collect()
+    with recorder.phase(name, step):
+        yield
 
 
 class _PhasePeaks:

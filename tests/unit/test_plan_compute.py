@@ -80,7 +80,7 @@ def test_a_large_bf16_gemm_on_h100_matches_the_hand_figure():
     expected = flops / (989e12 * 0.75 * 4096 / (32 * 132)) + 4e-6
     assert cost.seconds == pytest.approx(expected, rel=1e-12)
     assert cost.seconds == pytest.approx(1.5326e-3, rel=1e-4)           # 1.10e12 FLOP in 1.53 ms
-    assert cost.memory_seconds == pytest.approx(3 * 8192 ** 2 * 2 / 3350e9, rel=1e-12)
+    assert cost.memory_seconds == pytest.approx(3 * 8192 ** 2 * 2 / (3350e9 * compute.HBM_EFFICIENCY), rel=1e-12)
 
 
 def test_one_tile_more_than_a_wave_costs_a_whole_wave():
@@ -139,11 +139,11 @@ def test_an_elementwise_op_is_bound_by_hbm_bandwidth():
     cost = compute.op_cost(aten.add.Tensor, (x, y), {}, x + y, H100)
     assert cost.flops == 0 and cost.kind == "memory" and cost.bound == "memory"
     assert cost.bytes == 3 * n * 2                            # reads x and y, writes the sum
-    assert cost.seconds == pytest.approx(3 * n * 2 / 3350e9 + 4e-6, rel=1e-12)
+    assert cost.seconds == pytest.approx(3 * n * 2 / (3350e9 * compute.HBM_EFFICIENCY) + 4e-6, rel=1e-12)
     assert compute.op_cost(aten.add.Tensor, (x, x), {}, x + x, H100).bytes == 2 * n * 2   # x read once
     assert compute.op_cost(aten.add_.Tensor, (x, y), {}, x, H100).bytes == 3 * n * 2      # read, write x
     assert compute.op_cost(aten.add.Tensor, (x, y), {}, x + y, "h200").seconds == \
-        pytest.approx(3 * n * 2 / 4800e9 + 4e-6, rel=1e-12)
+        pytest.approx(3 * n * 2 / (4800e9 * compute.HBM_EFFICIENCY) + 4e-6, rel=1e-12)
 
 
 def test_views_allocations_and_metadata_cost_nothing():

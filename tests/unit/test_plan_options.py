@@ -12,6 +12,14 @@ from fakegpu.plan.options import (CAST_BYTES_COMPILED, CAST_BYTES_EAGER, float8_
 MB = 1_000_000
 
 
+def fused_bytes(boundary: int) -> int:
+    """What a fused kernel is charged: the bytes crossing its boundary, at the share of the
+    eager bandwidth a compiled kernel reaches (FUSED_BANDWIDTH_SHARE)."""
+    from fakegpu.plan.options import FUSED_BANDWIDTH_SHARE
+
+    return int(boundary / FUSED_BANDWIDTH_SHARE)
+
+
 def mem(name, reads=(), writes=(), phase="forward", step=0):
     """A memory-bound record reading / writing 1 MB buffers named by key."""
     reads = tuple((k, MB) for k in reads)
@@ -46,7 +54,7 @@ def test_chain_of_three_fuses_into_one_moving_only_its_boundary():
     out = fuse_memory_chains(records)
     assert len(out) == 2
     fused, mm = out
-    assert fused.bytes == 2 * MB                                # x in, c out
+    assert fused.bytes == fused_bytes(2 * MB)                                # x in, c out
     assert fused.kind == "memory" and fused.phase == "forward"
     assert fused.op == "fused(3)" and fused.name == "fused_add"
     assert dict(fused.reads) == {"x": MB}
@@ -60,13 +68,13 @@ def test_intermediate_read_later_is_counted():
                matmul(64, 64, 64, reads=["c", "w"], writes=["y"]),
                mem("mul_backward", ["a", "gy"], ["ga"], phase="backward")]
     fused = fuse_memory_chains(records)[0]
-    assert fused.bytes == 3 * MB                                # x in, a and c out
+    assert fused.bytes == fused_bytes(3 * MB)                                # x in, a and c out
 
 
 def test_chain_output_read_nowhere_later_is_not_counted():
     records = [mem("add", ["x"], ["a"]), mem("mul", ["a"], ["b"])]
     (fused,) = fuse_memory_chains(records)
-    assert fused.bytes == MB                                    # only x; b dies in registers
+    assert fused.bytes == fused_bytes(MB)                                    # only x; b dies in registers
 
 
 def test_matmul_breaks_a_chain():
@@ -76,7 +84,7 @@ def test_matmul_breaks_a_chain():
                matmul(64, 64, 64, reads=["o", "w2"], writes=["y2"])]
     out = fuse_memory_chains(records)
     assert [r.op for r in out] == ["fused(2)", "aten.mm.default", "fused(2)", "aten.mm.default"]
-    assert out[0].bytes == 2 * MB and out[2].bytes == 2 * MB
+    assert out[0].bytes == fused_bytes(2 * MB) and out[2].bytes == fused_bytes(2 * MB)
     assert out[1] is records[2] and out[3] is records[5]
 
 
@@ -110,7 +118,7 @@ def test_views_inside_a_chain_are_kept_after_the_fused_kernel():
                matmul(64, 64, 64, reads=["b", "w"], writes=["y"])]
     out = fuse_memory_chains(records)
     assert [r.op for r in out] == ["fused(2)", "aten.view.default", "aten.mm.default"]
-    assert out[0].bytes == 2 * MB and out[1] is v
+    assert out[0].bytes == fused_bytes(2 * MB) and out[1] is v
 
 
 # float8_matmuls ------------------------------------------------------------------------------

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from fakegpu.plan.timeline import COMPUTE, Task, Timeline, simulate
+from fakegpu.plan import timeline as timeline_module
+from fakegpu.plan.timeline import COMPUTE, OVERLAP_SLOWDOWN, Task, Timeline
+
+
+def simulate(tasks):
+    """The ideal overlap (a kernel beside a collective runs at full speed): the hand figures
+    below are the streams' arithmetic; the slowdown has its own test at the end."""
+    return timeline_module.simulate(tasks, overlap_slowdown=0.0)
 
 approx = pytest.approx
 
@@ -195,3 +202,18 @@ def test_trace_events_one_thread_per_stream_in_microseconds():
 def test_negative_duration_raises():
     with pytest.raises(ValueError, match="negative"):
         simulate([kernel("ok", 1.0), kernel("bad", -1e-6)])
+
+
+def test_a_kernel_beside_a_collective_is_slowed_by_the_overlap_share():
+    gather = Task("ag", 2.0, "group:fsdp", reads=("shard",), writes=("full",), group_label="fsdp")
+    tasks = [gather, Task("k1", 1.0), Task("k2", 1.0), Task("k3", 1.0, reads=("full",))]
+    t = timeline_module.simulate(tasks)
+    # k1 runs wholly beside the all-gather: 1 + OVERLAP_SLOWDOWN; k2 only for the gather's last
+    # 2 - end(k1) seconds, slowed by that share of them
+    k1_end = 1.0 + OVERLAP_SLOWDOWN
+    assert t.end[1] == pytest.approx(k1_end)
+    assert t.end[2] == pytest.approx(k1_end + 1.0 + OVERLAP_SLOWDOWN * (2.0 - k1_end))
+    assert t.start[3] == pytest.approx(max(2.0, t.end[2]))
+    assert t.exposed.get("fsdp", 0.0) == 0.0
+    ideal = timeline_module.simulate(tasks, overlap_slowdown=0.0)
+    assert ideal.makespan == pytest.approx(3.0) and t.makespan > ideal.makespan

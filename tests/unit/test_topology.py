@@ -74,6 +74,7 @@ def _error(tmp_path: Path, text: str) -> tuple[ClusterConfigError, Path]:
     ("gcp-a3mega-2node-8gpu-tcpxo.yaml", 16, 2),
     ("rtx5090-1node-8gpu-pcie5.yaml", 8, 1),
     ("h100pcie-1node-2gpu-nvlink-bridge.yaml", 2, 1),
+    ("h100-96gb-500w-grand-teton-8gpu-rdma.yaml", 8, 1),
 ])
 def test_bundled_configs_load(name, world, nodes):
     topo = load_cluster_config(CONFIGS / name)
@@ -83,7 +84,7 @@ def test_bundled_configs_load(name, world, nodes):
 
 
 def test_every_bundled_config_is_covered():
-    assert len(list(CONFIGS.glob("*.yaml"))) == 10
+    assert len(list(CONFIGS.glob("*.yaml"))) == 11
 
 
 def test_usage_doc_two_rank_tcp_example():
