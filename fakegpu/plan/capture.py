@@ -70,6 +70,7 @@ class OpRecorder(TorchDispatchMode):
         self._next_id = 0
         self.current_phase = ""
         self.current_step = 0
+        self.recomputing = 0          # depth of activation-checkpoint recomputations running
 
     def buffer_ids(self, buffers, fresh: bool = False) -> tuple:
         """(buffer id, bytes) for (storage address, bytes) pairs; ``fresh``: newly allocated."""
@@ -124,8 +125,35 @@ class OpRecorder(TorchDispatchMode):
             collective = describe_collective(func, args, kwargs) if record.kind == "communication" else None
             self.records.append(dataclasses.replace(
                 record, reads=reads, writes=writes, collective=collective,
-                phase=self.current_phase, step=self.current_step))
+                phase=self.current_phase, step=self.current_step, recomputed=self.recomputing > 0))
         return out
+
+    @contextlib.contextmanager
+    def marking_recomputation(self):
+        """Ops that torch.utils.checkpoint reruns inside the backward are recorded with
+        ``recomputed`` set: a tensor they read is a checkpoint's saved input (kept from the
+        forward to the backward whatever compiles it), which the compile savings must not count.
+        torch enters its ``_recomputation_hook`` around every recomputation (non-reentrant
+        checkpoint, the one TorchTitan and FSDP2 programs use)."""
+        import torch.utils.checkpoint as checkpoint
+
+        original = checkpoint._recomputation_hook
+        recorder = self
+
+        class _Marked(original):
+            def __enter__(self):
+                recorder.recomputing += 1
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                recorder.recomputing -= 1
+                return super().__exit__(*exc)
+
+        checkpoint._recomputation_hook = _Marked
+        try:
+            yield self
+        finally:
+            checkpoint._recomputation_hook = original
 
 
 @dataclass

@@ -113,6 +113,8 @@ class OpRecord:
     collective: Optional[object] = None
     phase: str = ""
     step: int = 0
+    # run by activation checkpointing's recomputation of a forward inside the backward
+    recomputed: bool = False
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()

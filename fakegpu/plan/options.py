@@ -245,7 +245,8 @@ def compiled_activation_savings(records: Sequence[OpRecord]) -> int:
     Inductor's partitioner saves a fused region's inputs for the backward and recomputes its
     cheap pointwise intermediates there instead of keeping them (the eager program keeps
     every tensor autograd saved).  Counted: a buffer a fusible forward op writes whose readers
-    in the backward are all memory-bound ops (a matmul's saved input is kept)."""
+    in the backward are all memory-bound ops (a matmul's saved input is kept, and so is an
+    activation checkpoint's input, read by its recomputation)."""
     if not records:
         return 0
     last = max(r.step for r in records)
@@ -256,7 +257,8 @@ def compiled_activation_savings(records: Sequence[OpRecord]) -> int:
             for key, _ in record.reads:
                 w = writer.get(key)
                 if w is not None:
-                    readers.setdefault((w[0], key), set()).add(record.kind)
+                    # a checkpoint's recomputation reads its saved input: kept, whatever fuses
+                    readers.setdefault((w[0], key), set()).add("kept" if record.recomputed else record.kind)
         for key, nbytes in record.writes:
             if record.phase == "forward" and _fusible(record):
                 writer[key] = (index, nbytes)

@@ -105,6 +105,8 @@ def _metrics(capture, gpu, topology, options) -> dict:
         "exposed": st.exposed,
         "communication": st.communication,
         "reserved": float(capture.peak_reserved_bytes),
+        "steady_reserved": float(capture.steady_reserved_bytes),
+        "steady_allocated": float(capture.steady_allocated_bytes),
         # torch.compile keeps fewer activations (fakegpu.plan.options.compiled_activation_savings)
         "compile_savings": float(compiled_activation_savings(capture.records)) if options.compile else 0.0,
         "allocated": float(capture.peak_allocated_bytes),
@@ -134,13 +136,15 @@ def _extrapolate(points: list, depths: tuple, target: int) -> dict:
 
 def _reserved(points: list, m: dict) -> float:
     """Peak reserved bytes at the target depth: the largest phase peak of allocated memory in
-    the steady (last) step, each linear in depth, times the allocator's reserved / allocated
-    ratio of the deepest capture (its fragmentation and caching).  The first step is left out:
-    on fake CPU tensors its optimizer-state creation passes through full-size temporaries a
-    GPU run does not have."""
+    the steady (last) step, each linear in depth, less what a compiled forward does not keep,
+    times the caching allocator's reserved / allocated ratio in the deepest capture's steady
+    step (its rounding, segments and the holes freed gradients leave: the allocator keeps the
+    segments of the step before, as on the GPU).  The reserved figure itself is not
+    extrapolated: which blocks fit which holes does not change linearly with depth."""
     deepest = points[-1]
-    ratio = deepest["reserved"] / deepest["allocated"] if deepest["allocated"] else 1.0
-    peaks = [v for k, v in m["phase_peaks"].items() if k != "probe"]
+    ratio = deepest["steady_reserved"] / deepest["steady_allocated"] if deepest["steady_allocated"] else 1.0
+    # the probe phases hold a second micro-batch; the pipeline's in-flight count adds those
+    peaks = [v for k, v in m["phase_peaks"].items() if not k.startswith("probe")]
     return max(0.0, max(peaks, default=m["allocated"]) - m["compile_savings"]) * ratio
 
 

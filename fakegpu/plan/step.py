@@ -95,8 +95,8 @@ def step_times(records: Sequence[OpRecord], gpu, topology, options: ModelOptions
                labels: Optional[dict] = None, step: Optional[int] = None) -> StepTimes:
     """Time the captured step(s) and report the last one (earlier ones warm up: the optimizer
     creates its state in the first)."""
-    # a memory probe's ops (fakegpu.plan.titan's second forward in flight) are not the step's
-    records = apply_options([r for r in records if r.phase != "probe"], options)
+    # a memory probe's ops (fakegpu.plan.titan's second micro-batch in flight) are not the step's
+    records = apply_options([r for r in records if not r.phase.startswith("probe")], options)
     timer = CollectiveTimer(topology)
     tasks = tasks_of(records, gpu, timer, labels, options.allow_tf32)
     timeline = simulate(tasks)

@@ -83,6 +83,8 @@ class TitanCapture:
     peak_allocated_bytes: int
     activation_bytes: int                # one micro-batch's saved activations (forward's output excluded)
     phase_peaks: dict                    # phase -> peak allocated bytes in the last step
+    steady_reserved_bytes: int           # the caching allocator's peak reserved in the last step
+    steady_allocated_bytes: int          # and its peak allocated
     captured_layers: int
     nparams: int                         # of the captured (maybe shallower) model
     flops_per_token: int                 # TorchTitan's own count for the captured model
@@ -250,8 +252,18 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
             valid_tokens = torch.tensor(float(batch * seq * parallel_dims.dp_replicate * parallel_dims.dp_shard))
             recorder = OpRecorder()
             peaks = _PhasePeaks(replay, recorder)
-            with _replay_mode(replay), peaks, recorder, _collected_at_phases():
+            with _replay_mode(replay), peaks, recorder, recorder.marking_recomputation(), _collected_at_phases():
                 for step in range(steps):
+                    if step:
+                        # The steady step's reserved memory, as the caching allocator holds it
+                        # from the step before: the first step's free segments are given back
+                        # (its optimizer-state creation runs full-size temporaries on fake CPU
+                        # tensors that a GPU run does not), the gradients' stay.
+                        replay.allocator.release_cached()
+                        replay.allocator.reset_peak()
+                    # TorchTitan zeroes the gradients at the start of a step: their blocks stay
+                    # cached (holes the next activations may not fit in)
+                    optimizer.zero_grad()
                     tokens = torch.randint(0, vocab, (batch, seq))
                     labels_t = torch.randint(0, vocab, (batch, seq))
                     before = replay.allocator.stat("allocated_bytes")
@@ -266,28 +278,45 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                     if not probe_in_flight:
                         activation = max(activation, replay.allocator.stat("allocated_bytes") - before
                                          - output_bytes)
-                    elif step == steps - 1:
+                        with train_context():
+                            with _phase(recorder, "loss", step):
+                                loss, _ = loss_fn(logits, labels_t, valid_tokens)
+                                del logits
+                            with _phase(recorder, "backward", step):
+                                loss.backward()
+                    else:
+                        # A pipeline stage: a second micro-batch's forward in flight measures
+                        # what one adds; the first micro-batch's backward runs as the schedule
+                        # runs it (no gradient sync, parameters left unsharded: the unsharded
+                        # gradients accumulate over the micro-batches), not timed; the second's
+                        # is the timed backward, with the accumulated gradients already there.
                         held = replay.allocator.stat("allocated_bytes")
                         with _phase(recorder, "probe", step):
-                            extra = model(tokens, **attention_kwargs)
+                            second = model(tokens, **attention_kwargs)
                             activation = max(0, replay.allocator.stat("allocated_bytes") - held - output_bytes)
-                            del extra      # its graph goes with it; no backward runs
-                    with train_context():
-                        with _phase(recorder, "loss", step):
-                            loss, _ = loss_fn(logits, labels_t, valid_tokens)
-                            del logits
-                        with _phase(recorder, "backward", step):
-                            loss.backward()
+                        with train_context(), _stage_backward_without_sync(model):
+                            with _phase(recorder, "probe_backward", step):
+                                loss, _ = loss_fn(logits, labels_t, valid_tokens)
+                                del logits
+                                loss.backward()
+                            with _phase(recorder, "loss", step):
+                                loss, _ = loss_fn(second, labels_t, valid_tokens)
+                                del second
+                            with _phase(recorder, "backward", step):
+                                loss.backward()
                     with _phase(recorder, "optimizer", step):
+                        if probe_in_flight:
+                            _stage_reduce_gradients(model)
                         _clip_grad_norm(model, parallel_dims)
                         optimizer.step()
-                        optimizer.zero_grad()
+            steady_reserved = int(replay.allocator.stat("reserved_bytes", field="peak"))
+            steady_allocated = int(replay.allocator.stat("allocated_bytes", field="peak"))
             nparams_local = sum(_local(p).numel() for p in model.parameters())
         nparams, flops_per_token = _titan_flops(model_config, model, seq, parallel_dims)
         return TitanCapture(layout, recorder.records, labels,
                             int(replay.allocator.stat("reserved_bytes", field="peak")),
                             int(replay.allocator.stat("allocated_bytes", field="peak")),
-                            int(activation), peaks.last_step(), len(model_config.layers), nparams, flops_per_token, vocab, dim,
+                            int(activation), peaks.last_step(), steady_reserved, steady_allocated, len(model_config.layers), nparams, flops_per_token, vocab, dim,
                             {"nparams_local": nparams_local, "tp_mesh": tp_mesh is not None,
                              "all_peaks": dict(peaks.peaks)})
     finally:
@@ -322,6 +351,42 @@ def _collected_at_phases():
     finally:
         if enabled:
             gc.enable()
+
+
+def _fsdp_root(model):
+    from torch.distributed.fsdp import FSDPModule
+
+    return model if isinstance(model, FSDPModule) else None
+
+
+@contextlib.contextmanager
+def _stage_backward_without_sync(model):
+    """A pipeline stage's backward of every micro-batch but the last, as
+    torch.distributed.pipelining's stage runs it under FSDP2: no reduce-scatter, no resharding."""
+    root = _fsdp_root(model)
+    if root is not None:
+        root.set_is_last_backward(False)
+        root.set_reshard_after_backward(False)
+        root.set_requires_gradient_sync(False)
+    yield
+
+
+def _stage_reduce_gradients(model) -> None:
+    """The schedule's gradient reduction after the last micro-batch (the stage's
+    ``perform_reduce_grad``): FSDP2's post-backward of every parameter group, then resharding."""
+    from torch.distributed.fsdp import fully_shard
+
+    root = _fsdp_root(model)
+    if root is None:
+        return
+    root.set_is_last_backward(True)
+    root.set_reshard_after_backward(True)
+    root.set_requires_gradient_sync(True)
+    state = fully_shard.state(root)
+    for each in state._state_ctx.all_states:
+        for group in each._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
 
 
 @contextlib.contextmanager

@@ -250,3 +250,45 @@ def dataclasses_replace_group(record, group):
     import dataclasses
 
     return dataclasses.replace(record, collective=dataclasses.replace(record.collective, group=group))
+
+
+# compiled_activation_savings -------------------------------------------------------------------
+
+def test_compile_savings_count_pointwise_intermediates_read_only_by_memory_bound_backward_ops():
+    import dataclasses
+
+    from fakegpu.plan.options import compiled_activation_savings
+
+    records = [mem("mul", reads=["x"], writes=["h"]),                  # fused forward intermediate
+               matmul(8, 8, 8, reads=["h", "w"], writes=["y"]),
+               mem("silu", reads=["y"], writes=["s"]),
+               mem("mul", reads=["s"], writes=["o"], phase="backward"),  # s: read by pointwise only
+               mem("mul", reads=["h"], writes=["g"], phase="backward")]
+    # h and s: written by pointwise forward ops, read in the backward by pointwise ops only
+    assert compiled_activation_savings(records) == 2 * MB
+    # a checkpoint's recomputation reading h (its saved input) keeps it
+    recomputing = dataclasses.replace(mem("mul", reads=["h"], writes=["r"], phase="backward"), recomputed=True)
+    assert compiled_activation_savings(records + [recomputing]) == MB
+
+
+def test_the_recorder_marks_what_activation_checkpointing_recomputes():
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from fakegpu.plan.capture import OpRecorder
+
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16, requires_grad=True)
+    with OpRecorder() as recorder:
+        with recorder.marking_recomputation():
+            with recorder.phase("forward"):
+                out = checkpoint(lambda t: torch.relu(t @ w).sin(), x, use_reentrant=False)
+            with recorder.phase("backward"):
+                out.sum().backward()
+    assert [r.name for r in recorder.records if r.phase == "forward"] == ["mm", "relu", "sin"]
+    assert not any(r.recomputed for r in recorder.records if r.phase == "forward")
+    # the backward reran the forward's ops up to the last tensor it saves (torch stops early)
+    assert [r.name for r in recorder.records if r.recomputed and r.kind != "view"] == ["mm", "relu"]
+    assert any(r.phase == "backward" and not r.recomputed for r in recorder.records)
+    import torch.utils.checkpoint as torch_checkpoint
+    assert torch_checkpoint._recomputation_hook.__name__ == "_recomputation_hook"   # restored
