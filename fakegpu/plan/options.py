@@ -30,7 +30,7 @@ from typing import Collection, Sequence
 
 from .compute import OpRecord
 
-_FUSIBLE_PHASES = ("forward", "backward", "loss", "recompute")
+_FUSIBLE_PHASES = ("forward", "backward", "loss")
 _NOT_COMPILED_PREFIXES = ("_foreach", "split_with_sizes_copy", "_chunk_cat", "chunk_cat", "all_gather_copy_in",
                           "copy_")
 # bytes per element moved to cast one bf16 operand to float8, over its bf16 bytes: a compiled
