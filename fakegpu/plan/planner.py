@@ -105,8 +105,6 @@ def _metrics(capture, gpu, topology, options) -> dict:
         "exposed": st.exposed,
         "communication": st.communication,
         "reserved": float(capture.peak_reserved_bytes),
-        "steady_reserved": float(capture.steady_reserved_bytes),
-        "steady_allocated": float(capture.steady_allocated_bytes),
         # torch.compile keeps fewer activations (fakegpu.plan.options.compiled_activation_savings)
         "compile_savings": float(compiled_activation_savings(capture.records)) if options.compile else 0.0,
         "allocated": float(capture.peak_allocated_bytes),
@@ -142,7 +140,7 @@ def _reserved(points: list, m: dict) -> float:
     segments of the step before, as on the GPU).  The reserved figure itself is not
     extrapolated: which blocks fit which holes does not change linearly with depth."""
     deepest = points[-1]
-    ratio = deepest["steady_reserved"] / deepest["steady_allocated"] if deepest["steady_allocated"] else 1.0
+    ratio = deepest["reserved"] / deepest["allocated"] if deepest["allocated"] else 1.0
     # the probe phases hold a second micro-batch; the pipeline's in-flight count adds those
     peaks = [v for k, v in m["phase_peaks"].items() if not k.startswith("probe")]
     return max(0.0, max(peaks, default=m["allocated"]) - m["compile_savings"]) * ratio

@@ -79,12 +79,11 @@ class TitanCapture:
     layout: Layout
     records: list
     labels: dict                         # group name -> mesh dimension name
+    # the caching allocator's peaks in the last (steady) step: the peaks are reset before it
     peak_reserved_bytes: int
     peak_allocated_bytes: int
     activation_bytes: int                # one micro-batch's saved activations (forward's output excluded)
     phase_peaks: dict                    # phase -> peak allocated bytes in the last step
-    steady_reserved_bytes: int           # the caching allocator's peak reserved in the last step
-    steady_allocated_bytes: int          # and its peak allocated
     captured_layers: int
     nparams: int                         # of the captured (maybe shallower) model
     flops_per_token: int                 # TorchTitan's own count for the captured model
@@ -294,7 +293,8 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                         with _phase(recorder, "probe", step):
                             second = model(tokens, **attention_kwargs)
                             activation = max(0, replay.allocator.stat("allocated_bytes") - held - output_bytes)
-                        with train_context(), _stage_backward_without_sync(model):
+                        _stage_backward_without_sync(model)
+                        with train_context():
                             with _phase(recorder, "probe_backward", step):
                                 loss, _ = loss_fn(logits, labels_t, valid_tokens)
                                 del logits
@@ -309,14 +309,12 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                             _stage_reduce_gradients(model)
                         _clip_grad_norm(model, parallel_dims)
                         optimizer.step()
-            steady_reserved = int(replay.allocator.stat("reserved_bytes", field="peak"))
-            steady_allocated = int(replay.allocator.stat("allocated_bytes", field="peak"))
             nparams_local = sum(_local(p).numel() for p in model.parameters())
         nparams, flops_per_token = _titan_flops(model_config, model, seq, parallel_dims)
         return TitanCapture(layout, recorder.records, labels,
                             int(replay.allocator.stat("reserved_bytes", field="peak")),
                             int(replay.allocator.stat("allocated_bytes", field="peak")),
-                            int(activation), peaks.last_step(), steady_reserved, steady_allocated, len(model_config.layers), nparams, flops_per_token, vocab, dim,
+                            int(activation), peaks.last_step(), len(model_config.layers), nparams, flops_per_token, vocab, dim,
                             {"nparams_local": nparams_local, "tp_mesh": tp_mesh is not None,
                              "all_peaks": dict(peaks.peaks)})
     finally:
@@ -359,16 +357,15 @@ def _fsdp_root(model):
     return model if isinstance(model, FSDPModule) else None
 
 
-@contextlib.contextmanager
-def _stage_backward_without_sync(model):
-    """A pipeline stage's backward of every micro-batch but the last, as
-    torch.distributed.pipelining's stage runs it under FSDP2: no reduce-scatter, no resharding."""
+def _stage_backward_without_sync(model) -> None:
+    """Sets up a pipeline stage's backward of every micro-batch but the last, as
+    torch.distributed.pipelining's stage runs it under FSDP2: no reduce-scatter, no resharding
+    (until :func:`_stage_reduce_gradients` turns both back on)."""
     root = _fsdp_root(model)
     if root is not None:
         root.set_is_last_backward(False)
         root.set_reshard_after_backward(False)
         root.set_requires_gradient_sync(False)
-    yield
 
 
 def _stage_reduce_gradients(model) -> None:
