@@ -63,6 +63,7 @@ def plan_row(row: dict) -> dict:
     config = _titan_config(titan_args(row), "h100-96gb")
     _set_ac(config, row["ac"])
     _loss_of_2024(config)
+    _rope_of_2024(config)
     plan = plan_titan(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), float8=row["float8"] == "1")
     return plan.to_dict()
 
@@ -75,6 +76,19 @@ def _loss_of_2024(config) -> None:
 
     if isinstance(config.loss, ChunkedLossWrapper.Config):
         config.loss = config.loss.loss_fn if config.loss.loss_fn is not None else CrossEntropyLoss.Config()
+
+
+def _rope_of_2024(config) -> None:
+    """TorchTitan of 2024-12 sized the RoPE table to the training sequence; 0.3.0's llama3 specs
+    stop at 131072 positions and refuse longer sequences (table 2's and 6's CP 8 rows)."""
+    import dataclasses
+
+    seq = int(config.training.seq_len)
+    for layer in config.model_spec.model.layers:
+        attention = getattr(layer, "attention", None)
+        rope = getattr(attention, "rope", None)
+        if rope is not None and rope.max_seq_len < seq:
+            attention.rope = dataclasses.replace(rope, max_seq_len=seq)
 
 
 def run(selected: list[dict]) -> list[dict]:

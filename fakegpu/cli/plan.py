@@ -188,47 +188,52 @@ def plan_script(program: list[str], world: int, cluster: Optional[str], tokens_p
 SWEEP_TP = (1, 2, 4, 8)
 SWEEP_PP = (1, 2, 4, 8)
 SWEEP_AC = ("selective", "full")
+SWEEP_CP = (1, 2, 4, 8)
+# Context parallelism is swept from this sequence length on: below it a sequence's attention is
+# too short a share of the step for splitting it to pay (TorchTitan publishes CP from 32k).
+SWEEP_CP_FROM_SEQ = 32768
 
 
 def sweep_layouts(config, world: int, gpus_per_node: int):
-    """Layouts of the same model, cluster and global batch: tp x pp x (FSDP | HSDP across
-    nodes) x activation checkpointing."""
+    """Layouts of the same model, cluster and global batch: tp x pp x cp (from
+    SWEEP_CP_FROM_SEQ tokens; tp x cp within a node) x (FSDP | HSDP across nodes) x activation
+    checkpointing."""
     import copy
 
-    par = config.parallelism
     from torchtitan.distributed import ParallelDims
 
-    dims = ParallelDims.from_config(par, world)
+    from fakegpu.plan.block_masks import BLOCK
+
+    dims = ParallelDims.from_config(config.parallelism, world)
     global_batch = int(config.training.local_batch_size) * dims.dp_replicate * dims.dp_shard
     n_layers = len(config.model_spec.model.layers)
     heads = int(getattr(config.model_spec.model.layers[0].attention, "n_heads", 1) or 1)
-    for tp in SWEEP_TP:
-        if tp > gpus_per_node or heads % tp or world % tp:
+    seq = int(config.training.seq_len)
+    cps = [cp for cp in SWEEP_CP if cp == 1 or (seq >= SWEEP_CP_FROM_SEQ and seq % (2 * cp * BLOCK) == 0)]
+    for tp, pp, cp in ((tp, pp, cp) for tp in SWEEP_TP for pp in SWEEP_PP for cp in cps):
+        if tp * cp > gpus_per_node or heads % tp or world % (tp * pp * cp) or pp > max(1, n_layers // 2):
             continue
-        for pp in SWEEP_PP:
-            if world % (tp * pp) or pp > max(1, n_layers // 2):
-                continue
-            dp = world // (tp * pp)
-            if global_batch % dp:
-                continue
-            local = global_batch // dp
-            if pp > 1 and local < pp:
-                continue
-            replicas = {1}
-            shard_in_node = max(1, gpus_per_node // tp)
-            if dp > shard_in_node and dp % shard_in_node == 0:
-                replicas.add(dp // shard_in_node)
-            for replicate in sorted(replicas):
-                for ac in SWEEP_AC:
-                    c = copy.deepcopy(config)
-                    c.parallelism.tensor_parallel_degree = tp
-                    c.parallelism.pipeline_parallel_degree = pp
-                    c.parallelism.data_parallel_replicate_degree = replicate
-                    c.parallelism.data_parallel_shard_degree = dp // replicate
-                    c.parallelism.context_parallel_degree = 1
-                    c.training.local_batch_size = local
-                    _set_ac(c, ac)
-                    yield c
+        dp = world // (tp * pp * cp)
+        if global_batch % dp:
+            continue
+        local = global_batch // dp
+        if pp > 1 and local < pp:
+            continue
+        replicas = {1}
+        shard_in_node = max(1, gpus_per_node // (tp * cp))
+        if dp > shard_in_node and dp % shard_in_node == 0:
+            replicas.add(dp // shard_in_node)
+        for replicate in sorted(replicas):
+            for ac in SWEEP_AC:
+                c = copy.deepcopy(config)
+                c.parallelism.tensor_parallel_degree = tp
+                c.parallelism.pipeline_parallel_degree = pp
+                c.parallelism.context_parallel_degree = cp
+                c.parallelism.data_parallel_replicate_degree = replicate
+                c.parallelism.data_parallel_shard_degree = dp // replicate
+                c.training.local_batch_size = local
+                _set_ac(c, ac)
+                yield c
 
 
 def _plan_dict(config, world, topology, extrapolate, float8) -> dict:

@@ -15,7 +15,10 @@ through; an op on a tensor subclass that wraps others (DTensor, FSDP2's paramete
 recorded itself, the ops it runs on its inner tensors are (the mode hands the op on to the
 subclass and stays active below it).  As torch's FlopCounterMode does, an op with no FLOP
 formula that has a CompositeImplicitAutograd decomposition is recorded as its decomposition,
-so both count the same FLOPs.
+so both count the same FLOPs.  Likewise a ``torch.library.custom_op`` (opaque to the
+dispatcher: only its fake implementation would run) is recorded as what its Python body runs:
+context parallelism's ``cplib::flex_cp_allgather`` is two all-gathers, and a body that cannot
+run on fake tensors (a Triton kernel) leaves the op recorded as itself.
 
 :func:`estimate_compute` runs a function that way and costs its ops on one GPU.
 """
@@ -105,6 +108,15 @@ class OpRecorder(TorchDispatchMode):
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 return decomposed
+        body = _custom_op_body(func)
+        if body is not None:
+            recorded, ids = len(self.records), (dict(self._ids), self._next_id)
+            try:
+                with self:
+                    return body(*args, **kwargs)
+            except Exception:       # noqa: BLE001 - not runnable here: record the op itself
+                del self.records[recorded:]
+                self._ids, self._next_id = ids
         out = func(*args, **kwargs)
         if getattr(func, "namespace", None) != "prim":     # prim.device and the like: no GPU work
             record = describe_op(func, args, kwargs, out)
@@ -154,6 +166,22 @@ class OpRecorder(TorchDispatchMode):
             yield self
         finally:
             checkpoint._recomputation_hook = original
+
+
+# Namespaces whose ops the recorder understands as they are (a custom op there is not unwrapped).
+_OPAQUE_NAMESPACES = {"aten", "prim", "prims", "_c10d_functional", "_c10d_functional_autograd",
+                      "c10d_functional", "c10d", "higher_order"}
+
+
+def _custom_op_body(func) -> Optional[Callable]:
+    """The Python function a ``torch.library.custom_op`` runs on a device, or None (an aten op,
+    a C++ op, a custom op defined without a body)."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace in _OPAQUE_NAMESPACES:
+        return None
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    definition = _maybe_get_opdef(func)
+    return getattr(definition, "_init_fn", None) if definition is not None else None
 
 
 @dataclass

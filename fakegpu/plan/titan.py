@@ -116,6 +116,45 @@ def _float8_converters(model_spec) -> bool:
     return bool(layers) and walk(layers[0], 4)
 
 
+def _plain_config(value):
+    """A Float8 linear's config as the plain linear config it extends (the first dataclass base
+    without "float8" in its name), with the fields they share; None if it has no such base."""
+    import dataclasses as dc
+
+    for base in type(value).__mro__[1:]:
+        if "float8" not in base.__qualname__.lower() and dc.is_dataclass(base):
+            names = {f.name for f in dc.fields(base) if f.init}
+            return base(**{n: getattr(value, n) for n in names if hasattr(value, n)})
+    return None
+
+
+def _strip_float8(model_config, depth: int = 6) -> None:
+    """Replaces, in place, every Float8 linear config under ``model_config`` by its plain
+    linear config: the model is built in bf16 and the cost model prices its linears as Float8
+    (the rest of the config, a user's own changes included, stays as it is)."""
+    import dataclasses as dc
+
+    def walk(value, depth: int) -> None:
+        if depth == 0:
+            return
+        if isinstance(value, (list, tuple)):
+            for each in value:
+                walk(each, depth - 1)
+            return
+        if not dc.is_dataclass(value) or isinstance(value, type):
+            return
+        for f in dc.fields(value):
+            child = getattr(value, f.name, None)
+            if "float8" in type(child).__qualname__.lower() and dc.is_dataclass(child):
+                plain = _plain_config(child)
+                if plain is not None:
+                    object.__setattr__(value, f.name, plain)
+                    continue
+            walk(child, depth - 1)
+
+    walk(model_config, depth)
+
+
 def layout_of(config, world_size: int) -> Layout:
     """The layout a TorchTitan config resolves to (TorchTitan's own ParallelDims rules)."""
     from torchtitan.distributed import ParallelDims
@@ -158,6 +197,31 @@ def _uses_flex(model) -> bool:
     return any(isinstance(m, FlexAttention) for m in model.modules())
 
 
+def _attention_inputs(model, parallel_dims, par, batch: int, seq: int) -> dict:
+    """The forward's keyword inputs: flex attention's causal block mask and, under context
+    parallelism, the global positions of the rank's tokens, as TorchTitan's ``cp_shard`` shards
+    them (fakegpu.plan.block_masks builds the mask block by block: torch's own would
+    materialise seq x seq booleans and compile a mask per rank)."""
+    cp = parallel_dims.cp
+    if not _uses_flex(model):
+        if cp > 1:
+            raise NotImplementedError(
+                "context parallelism is planned for flex attention (TorchTitan's default attention for "
+                "llama3); this model's attention is SDPA, whose ring attention the planner does not model")
+        return {}
+    from torchtitan.models.common.attention import FlexAttention
+
+    from .block_masks import causal_block_mask
+
+    FlexAttention.compiled_flex_attn = staticmethod(_flex_on_fake())
+    balancer = getattr(par, "context_parallel_load_balancer", "headtail") if cp > 1 else None
+    mask, positions = causal_block_mask(batch, seq, cp, balancer)
+    inputs = {"attention_masks": mask}
+    if positions is not None:
+        inputs["positions"] = positions
+    return inputs
+
+
 def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size: Optional[int] = None,
             steps: int = 2, device_gib: float = 96.0, probe_in_flight: bool = False) -> TitanCapture:
     """Record ``steps`` training steps of ``config`` as logical rank 0 of ``world_size``.
@@ -189,10 +253,8 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
         par.spmd_backend = "partial_dtensor"   # torch 2.13's FSDP2 refuses spmd_types' plain tensors
     config.compile.enable = False              # a model option here, not a compiled program
     spec = config.model_spec
-    if layout.float8:                          # likewise: rebuild the spec without the converter
-        module = importlib.import_module(f"torchtitan.models.{spec.name}")
-        spec = module.model_registry(spec.flavor)
-        config.model_spec = spec
+    if layout.float8:                          # likewise: the linears as the plain ones they convert
+        _strip_float8(spec.model)
     model_config = spec.model
     if n_layers is not None:
         model_config.layers = list(model_config.layers)[:n_layers]
@@ -228,14 +290,8 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
             loss_fn.set_lm_head(model.lm_head)
             model._skip_lm_head = True
         train_context = titan_utils.get_spmd_context(parallel_dims=parallel_dims)
-        attention_kwargs = {}
-        if _uses_flex(model):
-            from torch.nn.attention.flex_attention import create_block_mask
-            from torchtitan.models.common.attention import FlexAttention
-
-            FlexAttention.compiled_flex_attn = staticmethod(_flex_on_fake())
-            attention_kwargs["attention_masks"] = create_block_mask(
-                lambda b, h, q, kv: q >= kv, batch, None, seq, seq, device="cpu")
+        attention_kwargs = _attention_inputs(model, parallel_dims, par, batch, seq)
+        local_seq = seq // parallel_dims.cp
         replay = _AllocatorReplay(int(device_gib * GiB))
         vocab = int(getattr(model_config, "vocab_size", 0) or 128256)
         dim = int(getattr(model_config, "dim", 0) or 0)
@@ -263,8 +319,9 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
                     # TorchTitan zeroes the gradients at the start of a step: their blocks stay
                     # cached (holes the next activations may not fit in)
                     optimizer.zero_grad()
-                    tokens = torch.randint(0, vocab, (batch, seq))
-                    labels_t = torch.randint(0, vocab, (batch, seq))
+                    # under context parallelism a rank holds seq / cp tokens of each sequence
+                    tokens = torch.randint(0, vocab, (batch, local_seq))
+                    labels_t = torch.randint(0, vocab, (batch, local_seq))
                     before = replay.allocator.stat("allocated_bytes")
                     with _phase(recorder, "forward", step):
                         logits = model(tokens, **attention_kwargs)

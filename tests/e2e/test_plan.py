@@ -125,3 +125,55 @@ def test_plan_sweep_ranks_fitting_layouts(tmp_path, shim_library):
     # the same global batch everywhere: local batch x data-parallel degree = 4 x 4
     assert all(r["layout"]["local_batch_size"] * r["layout"]["dp_shard"] * r["layout"]["dp_replicate"] == 16
                for r in ranked)
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_plan_of_context_parallelism_captures_the_key_value_all_gathers_and_the_local_attention(tmp_path,
+                                                                                              shim_library):
+    """CP 2 on the debug model: each layer's forward all-gathers its local keys and values on the
+    cp group (recomputed ones too), the backward reduce-scatters their gradients, and flex
+    attention runs the rank's seq / 2 queries against all seq keys with the head-tail mask."""
+    from fakegpu.cli.plan import _titan_config
+    from fakegpu.plan import titan
+    from fakegpu.plan.block_masks import causal_block_mask
+    from fakegpu.plan.compute import _block_mask_density
+
+    config = _titan_config([*TITAN[2:6], "--training.local_batch_size", "2", "--training.seq_len", "1024",
+                            "--parallelism.context_parallel_degree", "2"], "h100")
+    model = config.model_spec.model
+    heads = model.layers[0].attention.n_heads
+    kv_heads = model.layers[0].attention.n_kv_heads or heads      # None: no grouped-query attention
+    head_dim = model.dim // heads
+    cap = titan.capture(config, 8, steps=1)
+    assert (cap.layout.cp, cap.layout.dp_shard) == (2, 4)
+    cp_group = next(g for g, name in cap.labels.items() if name == "cp")
+    on_cp = [r.collective for r in cap.records if r.collective is not None and r.collective.group == cp_group]
+    kv = 2 * kv_heads * 512 * head_dim                  # local batch x kv heads x seq / 2 x head dim
+    forward = [c for c in on_cp if c.kind == "AllGather"]
+    backward = [c for c in on_cp if c.kind == "ReduceScatter"]
+    assert {c.count for c in forward} == {kv} and {c.count for c in backward} == {kv}
+    layers = len(model.layers)
+    assert len(backward) == 2 * layers                  # keys and values of every layer
+    assert len(forward) >= 2 * layers
+    flex = [r for r in cap.records if r.kind == "attention" and r.phase == "forward"]
+    assert len(flex) == layers
+    _, sq, sk, _, _ = flex[0].attention
+    assert (sq, sk) == (512, 1024)
+    mask, _ = causal_block_mask(2, 1024, 2, "headtail")
+    assert flex[0].work_fraction == pytest.approx(_block_mask_density([mask.as_tuple()]))
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_sweep_adds_context_parallelism_for_long_sequences_only():
+    from fakegpu.cli.plan import _titan_config, sweep_layouts
+
+    def layouts(seq: int) -> set:
+        config = _titan_config([*TITAN[2:4], *TITAN[4:6], "--training.local_batch_size", "1",
+                                "--training.seq_len", str(seq)], "h100")
+        return {(c.parallelism.tensor_parallel_degree, c.parallelism.context_parallel_degree)
+                for c in sweep_layouts(config, 8, 8)}
+
+    assert {cp for _, cp in layouts(2048)} == {1}
+    long = layouts(32768)
+    assert {cp for _, cp in long} == {1, 2, 4, 8}
+    assert all(tp * cp <= 8 for tp, cp in long)

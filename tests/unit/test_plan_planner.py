@@ -149,6 +149,48 @@ def test_collectives_are_captured_with_kind_count_and_group(fake_world):
     del z
 
 
+def test_a_custom_op_is_recorded_as_what_its_body_runs(fake_world):
+    """Context parallelism's key/value all-gather is a torch.library custom op (opaque to the
+    dispatcher): recorded as its two all-gathers, and its backward as two reduce-scatters."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor.experimental._context_parallel._cp_custom_ops import flex_cp_allgather
+
+    from fakegpu.plan.capture import OpRecorder
+
+    cp = dist.new_group([0, 1, 2, 3])
+    name = dist._get_process_group_name(cp)
+    with FakeTensorMode(), OpRecorder() as rec:
+        k = torch.randn(1, 8, 256, 64, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(1, 8, 256, 64, dtype=torch.bfloat16, requires_grad=True)
+        full_k, full_v = flex_cp_allgather(k, v, 2, name)
+        assert full_k.shape == (1, 8, 1024, 64)
+        (full_k.float().sum() + full_v.float().sum()).backward()
+    got = [(r.collective.kind, r.collective.count, r.collective.ranks) for r in rec.records
+           if r.collective is not None]
+    assert got == [("AllGather", 8 * 256 * 64, (0, 1, 2, 3))] * 2 + [("ReduceScatter", 8 * 256 * 64, (0, 1, 2, 3))] * 2
+    assert not any(r.name.startswith("flex_cp_allgather") for r in rec.records)
+
+
+def test_a_custom_op_whose_body_cannot_run_on_fake_tensors_is_recorded_as_itself(fake_world):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fakegpu.plan.capture import OpRecorder
+
+    @torch.library.custom_op("fakegpu_test::needs_real_data", mutates_args=())
+    def needs_real_data(x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum())           # data-dependent: fails on a fake tensor
+
+    @needs_real_data.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    with FakeTensorMode(), OpRecorder() as rec:
+        y = needs_real_data(torch.randn(16))
+    assert y.shape == (16,)
+    names = [r.name for r in rec.records]
+    assert "needs_real_data" in names and "mul" not in names
+
+
 def test_a_captured_tp_all_reduce_is_exposed_and_a_prefetched_all_gather_is_not(fake_world):
     """A captured step, timed: an all-gather issued before two matmuls and read after them
     hides; an all-reduce read by the next op is exposed for its whole modeled time."""
