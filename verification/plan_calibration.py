@@ -56,16 +56,17 @@ def titan_args(row: dict) -> list[str]:
 
 
 def plan_row(row: dict) -> dict:
-    from fakegpu.cli.plan import _set_ac, _titan_config
-    from fakegpu.plan.planner import plan_titan
+    from fakegpu.cli.plan import _plan_isolated, _set_ac, _titan_config
     from fakegpu.topology import load_cluster_config
 
     config = _titan_config(titan_args(row), "h100-96gb")
     _set_ac(config, row["ac"])
     _loss_of_2024(config)
     _rope_of_2024(config)
-    plan = plan_titan(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), float8=row["float8"] == "1")
-    return plan.to_dict()
+    # each row in a forked child, as the sweep plans each layout: torch and TorchTitan keep
+    # mesh and sharding state in module globals that one row's capture must not leave to the next
+    return _plan_isolated(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), True,
+                          row["float8"] == "1")
 
 
 def _loss_of_2024(config) -> None:

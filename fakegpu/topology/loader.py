@@ -34,7 +34,7 @@ SUPPORTED_VERSION = 1
 # of aliases; a generated 4096-node x 8-GPU config (32768 ranks) is 1 MiB and 0.2 M nodes.
 MAX_CONFIG_BYTES = 4 << 20
 MAX_DEPTH = 64
-MAX_ALIASES = 100_000
+MAX_ALIASES = 10_000    # parsing 100k of them took 19 s; a cluster config uses a few per node
 MAX_NODES = 1_000_000   # scalars, sequences and mappings, each alias counted as what it expands to
 
 PathT = tuple[Union[str, int], ...]

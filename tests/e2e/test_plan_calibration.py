@@ -51,3 +51,20 @@ def test_table_1_stays_within_its_calibrated_level():
         assert abs(r["tps_error"]) <= TPS_TOLERANCE, (r["row"], r["predicted_tps"], r["tokens_per_s_per_gpu"])
         assert abs(r["memory_error"]) <= MEMORY_TOLERANCE, (r["row"], r["predicted_gib"], r["memory_gib"])
     assert plan_calibration.summary(results)["table_order_kept"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                    reason="TorchTitan 0.3.0 is not installed (CI does not install it)")
+def test_context_parallel_rows_keep_their_level():
+    """Table 2 at CP 1 and 2 (8B, 8 GPUs, 32k and 64k tokens): within the calibrated level;
+    CP 4's known excess over the published figure (measured with torch's SDPA ring attention of
+    2024, which ran slower than the planner predicts for TorchTitan 0.3.0's flex-attention
+    all-gather, docs/planning.md) is bounded so a change to it shows."""
+    rows = [r for r in plan_calibration.rows() if r["table"] == "2" and r["cp"] in ("1", "2", "4")]
+    results = {r["cp"]: r for r in plan_calibration.run(rows)}
+    for cp in ("1", "2"):
+        assert abs(results[cp]["tps_error"]) <= 0.15, results[cp]
+    assert 0.30 <= results["4"]["tps_error"] <= 0.60, results["4"]
+    for r in results.values():
+        assert abs(r["memory_error"]) <= MEMORY_TOLERANCE, r
+    assert plan_calibration.summary(list(results.values()))["table_order_kept"]

@@ -1,7 +1,9 @@
 """A small slice of PyTorch's own generic distributed tests through the suite driver
-(verification/torch_suites/run.py): the same tests with gloo groups and with fakegpu groups
-must have the same outcomes.  The full driver (world sizes 2, 4, 8) takes hours; this slice
-takes a few minutes."""
+(verification/torch_suites/run.py) with fakegpu groups: every test of the slice passes, as it
+does with gloo groups (the driver's side-by-side run, ``--backends gloo,fakegpu``, compares
+the two; here the gloo half would only test torch itself, so the slice runs fakegpu alone and
+each test is one that passes under gloo on the pinned torch).  The full driver (world sizes
+2, 4, 8) takes hours; this slice takes a few minutes."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,14 +28,14 @@ SUBSET = ["test_all_reduce_sum_async", "test_all_gather_coalesced_simple", "test
 
 
 def _run_driver(tmp_path, shim_library, options: list[str], tests: list[str]) -> dict:
-    """run.py with ``options`` over ``tests`` (by -k); its JSON, after checking it exited 0
-    (no test passing under gloo only)."""
+    """run.py with fakegpu groups and ``options`` over ``tests`` (by -k); its JSON, after
+    checking it exited 0."""
     import json
 
     env = dict(os.environ, FAKEGPU_NCCL_LIBRARY=shim_library,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     argv = [sys.executable, str(REPO / "verification" / "torch_suites" / "run.py"), *options,
-            "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"), "--timeout", "600"]
+            "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"), "--timeout", "600", "--backends", "fakegpu"]
     for name in tests:
         argv += ["-k", name]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
@@ -41,9 +43,8 @@ def _run_driver(tmp_path, shim_library, options: list[str], tests: list[str]) ->
     return json.loads((tmp_path / "out.json").read_text())
 
 
-def test_suite_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+def test_suite_slice_passes_under_fakegpu(tmp_path, shim_library):
     results = _run_driver(tmp_path, shim_library, ["--world-sizes", "2"], SUBSET)["2"]
-    assert results["gloo"] == results["fakegpu"]
     assert {results["fakegpu"][name] for name in SUBSET} == {"passed"}
 
 
@@ -53,9 +54,8 @@ def test_suite_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim
 RPC_SUBSET = ["test_backward_ddp_inside", "test_ddp_dist_autograd_local_vs_remote"]
 
 
-def test_ddp_under_rpc_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+def test_ddp_under_rpc_slice_passes_under_fakegpu(tmp_path, shim_library):
     results = _run_driver(tmp_path, shim_library, ["--suites", "ddp_rpc"], RPC_SUBSET)["ddp_rpc"]
-    assert results["gloo"] == results["fakegpu"]
     assert results["fakegpu"] == {name: "passed" for name in RPC_SUBSET}
 
 
@@ -66,10 +66,9 @@ def test_ddp_under_rpc_slice_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_pa
 DTENSOR_CASES = REPO / "tests" / "e2e" / "torch_programs" / "dtensor_redistribute_cases.py"
 
 
-def test_dtensor_redistribution_file_has_the_same_outcomes_under_fakegpu_and_gloo(tmp_path, shim_library):
+def test_dtensor_redistribution_file_passes_under_fakegpu(tmp_path, shim_library):
     results = _run_driver(tmp_path, shim_library, ["--suites", "file", "--test-file", str(DTENSOR_CASES)],
                           [])["dtensor_redistribute_cases"]
-    assert results["gloo"] == results["fakegpu"]
     assert len(results["fakegpu"]) == 3
     assert set(results["fakegpu"].values()) == {"passed"}, results["fakegpu"]
 
