@@ -15,6 +15,7 @@ and gives rank r chunks r and 2cp - 1 - r, so every rank does the same causal wo
 """
 from __future__ import annotations
 
+import bisect
 from typing import Optional
 
 BLOCK = 128     # torch's default sparse block size (_DEFAULT_SPARSE_BLOCK_SIZE)
@@ -50,8 +51,6 @@ def _block_counts(query_blocks: list[int], key_blocks: list[int]) -> tuple[int, 
     """(partial, full) computed block pairs of the causal mask."""
     partial = full = 0
     keys = sorted(key_blocks)
-    import bisect
-
     for q in query_blocks:
         before = bisect.bisect_left(keys, q)
         full += before

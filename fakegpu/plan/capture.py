@@ -37,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .collectives import describe_collective
-from .compute import OpCost, OpRecord, _mutated_tensors, describe_op, flop_formula, model_op
+from .compute import (_COMMUNICATION_NAMESPACES, OpCost, OpRecord, _mutated_tensors, describe_op, flop_formula,
+                      model_op)
 from .gpu_compute import GpuCompute, compute_of
 
 
@@ -169,8 +170,7 @@ class OpRecorder(TorchDispatchMode):
 
 
 # Namespaces whose ops the recorder understands as they are (a custom op there is not unwrapped).
-_OPAQUE_NAMESPACES = {"aten", "prim", "prims", "_c10d_functional", "_c10d_functional_autograd",
-                      "c10d_functional", "c10d", "higher_order"}
+_OPAQUE_NAMESPACES = {"aten", "prim", "prims", "higher_order"} | _COMMUNICATION_NAMESPACES
 
 
 def _custom_op_body(func) -> Optional[Callable]:

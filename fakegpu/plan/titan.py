@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -100,20 +99,37 @@ def _ac_name(config) -> str:
     return "full" if "full" in name else ("selective" if "selective" in name else "none")
 
 
-def _float8_converters(model_spec) -> bool:
-    """Whether TorchTitan's Float8 converter swapped the model's linears (its config classes are
-    Float8Linear's, in the first block's attention and feed-forward)."""
+def _is_float8(value) -> bool:
+    return "float8" in type(value).__qualname__.lower()
+
+
+def _float8_linears(value, depth: int):
+    """(parent, field name, config) of every Float8 linear config under ``value`` (dataclass
+    configs and lists of them, ``depth`` levels down): TorchTitan's Float8 converter swaps a
+    linear's config for a Float8Linear one."""
     import dataclasses as dc
 
-    def walk(value, depth: int) -> bool:
-        if "float8" in type(value).__qualname__.lower():
-            return True
-        if depth == 0 or not dc.is_dataclass(value):
-            return False
-        return any(walk(getattr(value, f.name, None), depth - 1) for f in dc.fields(value))
+    if depth == 0:
+        return
+    if isinstance(value, (list, tuple)):
+        for each in value:
+            yield from _float8_linears(each, depth - 1)
+        return
+    if not dc.is_dataclass(value) or isinstance(value, type):
+        return
+    for f in dc.fields(value):
+        child = getattr(value, f.name, None)
+        if _is_float8(child) and dc.is_dataclass(child):
+            yield value, f.name, child
+        else:
+            yield from _float8_linears(child, depth - 1)
 
+
+def _float8_converters(model_spec) -> bool:
+    """Whether TorchTitan's Float8 converter swapped the model's linears (in the first block's
+    attention and feed-forward)."""
     layers = getattr(getattr(model_spec, "model", None), "layers", None) or []
-    return bool(layers) and walk(layers[0], 4)
+    return bool(layers) and next(_float8_linears(layers[0], 4), None) is not None
 
 
 def _plain_config(value):
@@ -132,27 +148,10 @@ def _strip_float8(model_config, depth: int = 6) -> None:
     """Replaces, in place, every Float8 linear config under ``model_config`` by its plain
     linear config: the model is built in bf16 and the cost model prices its linears as Float8
     (the rest of the config, a user's own changes included, stays as it is)."""
-    import dataclasses as dc
-
-    def walk(value, depth: int) -> None:
-        if depth == 0:
-            return
-        if isinstance(value, (list, tuple)):
-            for each in value:
-                walk(each, depth - 1)
-            return
-        if not dc.is_dataclass(value) or isinstance(value, type):
-            return
-        for f in dc.fields(value):
-            child = getattr(value, f.name, None)
-            if "float8" in type(child).__qualname__.lower() and dc.is_dataclass(child):
-                plain = _plain_config(child)
-                if plain is not None:
-                    object.__setattr__(value, f.name, plain)
-                    continue
-            walk(child, depth - 1)
-
-    walk(model_config, depth)
+    for parent, name, config in list(_float8_linears(model_config, depth)):
+        plain = _plain_config(config)
+        if plain is not None:
+            object.__setattr__(parent, name, plain)
 
 
 def layout_of(config, world_size: int) -> Layout:
