@@ -236,10 +236,11 @@ def sweep_layouts(config, world: int, gpus_per_node: int):
                 yield c
 
 
-def _plan_dict(config, world, topology, extrapolate, float8) -> dict:
+def _plan_dict(config, world, topology, extrapolate, float8, float8_tp_gathers=False) -> dict:
     from fakegpu.plan.planner import plan_titan
 
-    return plan_titan(config, world, topology, extrapolate=extrapolate, float8=float8).to_dict()
+    return plan_titan(config, world, topology, extrapolate=extrapolate, float8=float8,
+                      float8_tp_gathers=float8_tp_gathers).to_dict()
 
 
 _PENDING: list = []      # the layout a forked child plans (configs hold closures: no pickling)
@@ -254,14 +255,15 @@ def _plan_pending(conn) -> None:
         conn.close()
 
 
-def _plan_isolated(config, world, topology, extrapolate, float8, timeout: float = 1800.0) -> dict:
+def _plan_isolated(config, world, topology, extrapolate, float8, timeout: float = 1800.0,
+                   float8_tp_gathers: bool = False) -> dict:
     """One layout of a sweep in a child forked for it: each capture starts from a process with
     no process group, mesh or compiled state left by the layout before (torch and TorchTitan
     keep such state in module globals), and its memory goes back when it ends."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    _PENDING[:] = [(config, world, topology, extrapolate, float8)]
+    _PENDING[:] = [(config, world, topology, extrapolate, float8, float8_tp_gathers)]
     parent, child = context.Pipe(duplex=False)
     process = context.Process(target=_plan_pending, args=(child,))
     process.start()

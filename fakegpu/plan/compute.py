@@ -115,10 +115,13 @@ class OpRecord:
     step: int = 0
     # run by activation checkpointing's recomputation of a forward inside the backward
     recomputed: bool = False
+    # buffers this op leaves in float8 for the Float8 linears that read them (a tensor-parallel
+    # all-gather in float8: fakegpu.plan.options.float8_tensor_parallel_gathers)
+    float8_buffers: tuple = ()
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
-                if k not in ("reads", "writes", "collective")}
+                if k not in ("reads", "writes", "collective", "float8_buffers")}
 
 
 @dataclass(frozen=True)

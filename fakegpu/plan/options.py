@@ -22,6 +22,12 @@ eager program is costed either way.
   float8 (an extra memory-bound pass per operand: read bf16, write fp8; without compile also a
   separate amax pass).  Matmuls with a dimension in ``excluded_dims`` (TorchTitan leaves the
   output projection, the vocabulary dimension, in bf16) are unchanged.
+* :func:`float8_tensor_parallel_gathers` (torchao's ``Float8ColwiseParallel`` /
+  ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``, which TorchTitan applied with
+  tensorwise Float8 until its TP plans became dtype-agnostic): a tensor-parallel all-gather
+  that feeds a Float8 linear casts its shard to float8 first and moves 1-byte elements; the
+  forward's activations and the backward's output gradients alike.  The cast is paid once, on
+  the shard, instead of on the gathered tensor by each linear that reads it.
 """
 from __future__ import annotations
 
@@ -31,8 +37,10 @@ from typing import Collection, Sequence
 from .compute import OpRecord
 
 _FUSIBLE_PHASES = ("forward", "backward", "loss")
+# float8_cast: the casts the Float8 options add are priced as compiled casts already
+# (CAST_BYTES_COMPILED), not fused a second time
 _NOT_COMPILED_PREFIXES = ("_foreach", "split_with_sizes_copy", "_chunk_cat", "chunk_cat", "all_gather_copy_in",
-                          "copy_")
+                          "copy_", "float8_cast")
 # bytes per element moved to cast one bf16 operand to float8, over its bf16 bytes: a compiled
 # cast fuses the amax into the producer and reads 2 B, writes 1 B (1.5x); eager adds the amax
 # pass's read (2.5x).
@@ -210,18 +218,65 @@ def _chunk(geometry, chunks: int, rest: bool = False):
     return (batch, m - first if rest else first, n, k)
 
 
+def _becomes_float8(record: OpRecord, excluded: set) -> bool:
+    """Whether ``float8_matmuls`` moves this matmul to the FP8 tensor cores."""
+    return (record.kind == "matmul" and record.math == "bf16" and record.matmul is not None
+            and not excluded & set(record.matmul[1:]))
+
+
+def _cast_factor(compiled: bool) -> float:
+    return CAST_BYTES_COMPILED if compiled else CAST_BYTES_EAGER
+
+
+def float8_tensor_parallel_gathers(records: Sequence[OpRecord], tp_groups: Collection[str],
+                                   excluded_dims: Collection[int] = (), compiled: bool = True) -> list[OpRecord]:
+    """The records with float8 all-gathers on the tensor-parallel groups (module docstring).
+    The ops between such a gather and its linears (the wait, the ``cat`` that orders a
+    sequence-dimension gather) move float8 too; the linears' records read the gathered
+    buffers, which :func:`float8_matmuls` then does not cast again."""
+    groups = set(tp_groups)
+    excluded = set(int(d) for d in excluded_dims)
+    out = list(records)
+    i = 0
+    while i < len(out):
+        r = out[i]
+        c = r.collective
+        if (c is None or c.kind != "AllGather" or c.group not in groups or len(c.ranks) < 2
+                or c.elem_size != 2):
+            i += 1
+            continue
+        j = _consumer_matmul(out, i)
+        if j is None or not _becomes_float8(out[j], excluded):
+            i += 1
+            continue
+        # the ops from the gather to its first linear carry the gathered buffer in float8
+        fp8 = _writes_keys(r)
+        for k in range(i + 1, j):
+            between = out[k]
+            if _reads_keys(between) & fp8:
+                fp8 |= _writes_keys(between)
+                if between.kind == "memory":
+                    out[k] = dataclasses.replace(between, bytes=between.bytes // 2)
+        cast = dataclasses.replace(r, op="float8_cast", name="float8_cast", kind="memory", collective=None,
+                                   bytes=int(c.count * 2 * _cast_factor(compiled)), writes=())
+        gathered = dataclasses.replace(r, collective=dataclasses.replace(c, elem_size=1),
+                                       writes=tuple((key, n // 2) for key, n in r.writes),
+                                       float8_buffers=tuple(sorted(fp8, key=str)))
+        out[i:i + 1] = [cast, gathered]
+        i += 2
+    return out
+
+
 def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] = (),
                    compiled: bool = True) -> list[OpRecord]:
     """The records with linear-layer matmuls on the FP8 tensor cores (module docstring)."""
-    factor = CAST_BYTES_COMPILED if compiled else CAST_BYTES_EAGER
+    factor = _cast_factor(compiled)
     excluded = set(int(d) for d in excluded_dims)
+    # buffers that arrive in float8 (float8_tensor_parallel_gathers): read as they are
+    arrived = {key for r in records for key in r.float8_buffers}
     out: list[OpRecord] = []
     for record in records:
-        if record.kind != "matmul" or record.math != "bf16" or record.matmul is None:
-            out.append(record)
-            continue
-        _batch, m, n, k = record.matmul
-        if excluded & {m, n, k}:
+        if not _becomes_float8(record, excluded):
             out.append(record)
             continue
         operand_bytes = 0
@@ -230,9 +285,10 @@ def float8_matmuls(records: Sequence[OpRecord], excluded_dims: Collection[int] =
             for d in shape:
                 elements *= d
             operand_bytes += elements * 2
+        already = min(operand_bytes, sum(n for key, n in record.reads if key in arrived)) if arrived else 0
         out.append(dataclasses.replace(
             record, op="float8_cast", name="float8_cast", kind="memory", flops=0,
-            bytes=int(operand_bytes * factor), math=None, matmul=None, writes=()))
+            bytes=int((operand_bytes - already) * factor), math=None, matmul=None, writes=()))
         # the matmul itself reads the 1-byte float8 operands, not the bf16 ones
         out.append(dataclasses.replace(record, math="fp8", name=f"{record.name}_fp8",
                                        bytes=max(0, record.bytes - operand_bytes // 2)))

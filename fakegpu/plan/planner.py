@@ -146,15 +146,20 @@ def _reserved(points: list, m: dict) -> float:
     return max(0.0, max(peaks, default=m["allocated"]) - m["compile_savings"]) * ratio
 
 
-def model_options(layout, vocab_size: int, labels: dict) -> ModelOptions:
+def model_options(layout, vocab_size: int, labels: dict, float8_tp_gathers: bool = False) -> ModelOptions:
     return ModelOptions(compile=layout.compile, float8=layout.float8, float8_excluded_dims=(vocab_size,),
+                        float8_tp_gathers=float8_tp_gathers,
                         async_tp=layout.async_tp, tp_groups=tuple(g for g, n in labels.items() if n == "tp"))
 
 
 def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
-               gpu_memory_gib: Optional[float] = None, float8: Optional[bool] = None) -> Plan:
+               gpu_memory_gib: Optional[float] = None, float8: Optional[bool] = None,
+               float8_tp_gathers: bool = False) -> Plan:
     """``float8``: cost the linears as TorchTitan's Float8 converter runs them (its converter
-    needs torchao at config time; this needs nothing); None: as the config says."""
+    needs torchao at config time; this needs nothing); None: as the config says.
+    ``float8_tp_gathers``: the tensor-parallel all-gathers feeding Float8 linears move float8,
+    as torchao's Float8 TP plans ran them in TorchTitan before 0.3.0 (whose TP plans gather in
+    the activations' dtype whatever the linears compute in)."""
     from . import titan
 
     topology = scaled_topology(topology, world_size)
@@ -171,7 +176,8 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
     for depth in depths:
         cap = titan.capture(config, world_size, n_layers=depth, batch_size=batch, probe_in_flight=layout.pp > 1)
         first = first or cap
-        points.append(_metrics(cap, gpu, topology, model_options(layout, cap.vocab_size, cap.labels)))
+        points.append(_metrics(cap, gpu, topology,
+                              model_options(layout, cap.vocab_size, cap.labels, float8_tp_gathers)))
     m = _extrapolate(points, depths, stage_layers)
     nparams, flops_per_token = titan.model_size(config)
     bubble = 0.0

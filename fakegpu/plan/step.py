@@ -16,7 +16,7 @@ from fakegpu import costmodel
 
 from .compute import OpRecord, model_op
 from .gpu_compute import compute_of
-from .options import async_tensor_parallel, float8_matmuls, fuse_memory_chains
+from .options import async_tensor_parallel, float8_matmuls, float8_tensor_parallel_gathers, fuse_memory_chains
 from .timeline import COMPUTE, Task, Timeline, simulate
 
 
@@ -25,8 +25,10 @@ class ModelOptions:
     compile: bool = False
     float8: bool = False
     float8_excluded_dims: tuple = ()   # matmul dimensions left in bf16 (the vocabulary's)
+    # tensor-parallel all-gathers that feed Float8 linears move float8 (torchao's Float8 TP plans)
+    float8_tp_gathers: bool = False
     async_tp: bool = False
-    tp_groups: tuple = ()              # the tensor-parallel groups' names (for async_tp)
+    tp_groups: tuple = ()              # the tensor-parallel groups' names (for async_tp, float8_tp_gathers)
     allow_tf32: Optional[bool] = None
 
 
@@ -44,6 +46,9 @@ class StepTimes:
 
 def apply_options(records: Sequence[OpRecord], options: ModelOptions) -> list[OpRecord]:
     out = list(records)
+    if options.float8 and options.float8_tp_gathers and options.tp_groups:
+        # before async TP, which splits the gathers it overlaps
+        out = float8_tensor_parallel_gathers(out, options.tp_groups, options.float8_excluded_dims, options.compile)
     if options.async_tp and options.tp_groups:
         out = async_tensor_parallel(out, options.tp_groups)
     if options.compile:

@@ -292,3 +292,44 @@ def test_the_recorder_marks_what_activation_checkpointing_recomputes():
     assert any(r.phase == "backward" and not r.recomputed for r in recorder.records)
     import torch.utils.checkpoint as torch_checkpoint
     assert torch_checkpoint._recomputation_hook.__name__ == "_recomputation_hook"   # restored
+
+
+# float8_tensor_parallel_gathers ---------------------------------------------------------------
+
+def test_a_tp_gather_feeding_float8_linears_moves_float8_and_casts_its_shard_once():
+    from fakegpu.plan.options import float8_tensor_parallel_gathers
+
+    count = 1 << 20                        # the shard: 1 Mi bf16 elements, gathered on 4 ranks
+    full = 4 * count * 2                   # the gathered buffer's bf16 bytes
+    records = [_collective("AllGather", count, ["shard"], ["full"]),
+               mem("cat", ["full"], ["ordered"]),
+               matmul(4096, 1024, 1024, reads=["ordered", "wq"], writes=["q"]),
+               matmul(4096, 1024, 1024, reads=["ordered", "wk"], writes=["k"])]
+    records[2] = records[2].__class__(**{**records[2].__dict__, "reads": (("ordered", full), ("wq", 1024 * 1024 * 2))})
+    records[3] = records[3].__class__(**{**records[3].__dict__, "reads": (("ordered", full), ("wk", 1024 * 1024 * 2))})
+    out = float8_tensor_parallel_gathers(records, {"tp"})
+    cast, gather, cat = out[:3]
+    assert cast.name == "float8_cast" and cast.collective is None
+    assert cast.bytes == int(count * 2 * CAST_BYTES_COMPILED)          # on the shard, once
+    assert gather.collective.elem_size == 1 and gather.collective.count == count
+    assert cat.bytes == records[1].bytes // 2                          # the reorder moves float8
+    fp8 = float8_matmuls(out)
+    casts = [r for r in fp8 if r.name == "float8_cast"]
+    # each linear casts only its weight (1024 x 1024 bf16): the gathered input arrived in float8
+    assert [c.bytes for c in casts] == [int(count * 2 * CAST_BYTES_COMPILED)] + \
+        [int(1024 * 1024 * 2 * CAST_BYTES_COMPILED)] * 2
+    # without the option each linear casts the whole gathered input too
+    plain = [r.bytes for r in float8_matmuls(records) if r.name == "float8_cast"]
+    assert plain == [int((4096 * 1024 + 1024 * 1024) * 2 * CAST_BYTES_COMPILED)] * 2
+
+
+def test_float8_gathers_leave_other_groups_and_bf16_consumers_alone():
+    from fakegpu.plan.options import float8_tensor_parallel_gathers
+
+    fsdp = [_collective("AllGather", 1 << 20, ["shard"], ["full"], group="fsdp"),
+            matmul(4096, 1024, 1024, reads=["full", "w"], writes=["y"])]
+    assert float8_tensor_parallel_gathers(fsdp, {"tp"}) == fsdp
+    # the vocabulary projection stays bf16, so its gathered input does too
+    vocab = [_collective("AllGather", 1 << 20, ["shard"], ["full"]),
+             matmul(4096, 128256, 1024, reads=["full", "w"], writes=["logits"])]
+    assert float8_tensor_parallel_gathers(vocab, {"tp"}, excluded_dims=(128256,)) == vocab
