@@ -63,11 +63,12 @@ def plan_row(row: dict) -> dict:
     _set_ac(config, row["ac"])
     _loss_of_2024(config)
     _rope_of_2024(config)
-    # each row in a forked child, as the sweep plans each layout: torch and TorchTitan keep
-    # mesh and sharding state in module globals that one row's capture must not leave to the next
-    # TorchTitan of 2024-12 applied torchao's Float8 TP plans with Float8 (tensorwise): the TP
-    # all-gathers feeding Float8 linears moved float8 (its docs/float8.md: "float8 all-gather
-    # ... for TP (by default for Float8Linear)"); 0.3.0's TP plans gather bf16
+    # Each row in a forked child, as the sweep plans each layout: torch and TorchTitan keep
+    # mesh and sharding state in module globals that one row's capture must not leave to the next.
+    # float8_tp_gathers: TorchTitan of 2024-12 applied torchao's Float8 TP plans with Float8
+    # (tensorwise), so the TP all-gathers feeding Float8 linears moved float8 (its
+    # docs/float8.md: "float8 all-gather ... for TP (by default for Float8Linear)"); 0.3.0's
+    # TP plans gather bf16.
     return _plan_isolated(config, int(row["gpus"]), load_cluster_config(str(CLUSTER)), True,
                           row["float8"] == "1", float8_tp_gathers=row["float8"] == "1")
 

@@ -115,6 +115,13 @@ def _reads_keys(record: OpRecord) -> set:
 _LOOKAHEAD = 16     # records between a collective and the matmul it pairs with (views, waits, a cat)
 
 
+def _tp_collective(record: OpRecord, groups: Collection[str]):
+    """The collective ``record`` runs on one of the tensor-parallel ``groups`` (of two or more
+    ranks), or None."""
+    c = record.collective
+    return c if c is not None and c.group in groups and len(c.ranks) >= 2 else None
+
+
 def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str]) -> list[OpRecord]:
     """The records as micro-pipelined TP runs them (module docstring)."""
     import itertools
@@ -126,8 +133,8 @@ def async_tensor_parallel(records: Sequence[OpRecord], tp_groups: Collection[str
     i = 0
     while i < len(out):
         r = out[i]
-        c = r.collective
-        if c is None or c.group not in groups or len(c.ranks) < 2:
+        c = _tp_collective(r, groups)
+        if c is None:
             i += 1
             continue
         chunks = len(c.ranks)
@@ -240,9 +247,8 @@ def float8_tensor_parallel_gathers(records: Sequence[OpRecord], tp_groups: Colle
     i = 0
     while i < len(out):
         r = out[i]
-        c = r.collective
-        if (c is None or c.kind != "AllGather" or c.group not in groups or len(c.ranks) < 2
-                or c.elem_size != 2):
+        c = _tp_collective(r, groups)
+        if c is None or c.kind != "AllGather" or c.elem_size != 2:
             i += 1
             continue
         j = _consumer_matmul(out, i)

@@ -2,6 +2,8 @@
 hand-built records."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fakegpu.plan.compute import FP8_EFFICIENCY_SCALE, LAUNCH_S, OpRecord, model_op
@@ -305,8 +307,9 @@ def test_a_tp_gather_feeding_float8_linears_moves_float8_and_casts_its_shard_onc
                mem("cat", ["full"], ["ordered"]),
                matmul(4096, 1024, 1024, reads=["ordered", "wq"], writes=["q"]),
                matmul(4096, 1024, 1024, reads=["ordered", "wk"], writes=["k"])]
-    records[2] = records[2].__class__(**{**records[2].__dict__, "reads": (("ordered", full), ("wq", 1024 * 1024 * 2))})
-    records[3] = records[3].__class__(**{**records[3].__dict__, "reads": (("ordered", full), ("wk", 1024 * 1024 * 2))})
+    # the linears read the gathered buffer at its bf16 size
+    for i, weight in ((2, "wq"), (3, "wk")):
+        records[i] = dataclasses.replace(records[i], reads=(("ordered", full), (weight, 1024 * 1024 * 2)))
     out = float8_tensor_parallel_gathers(records, {"tp"})
     cast, gather, cat = out[:3]
     assert cast.name == "float8_cast" and cast.collective is None
