@@ -141,7 +141,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     selected = rows()
     if a.rows:
-        wanted = set(a.rows.split(","))
+        wanted = {t.strip() for t in a.rows.split(",") if t.strip()}
+        tables = sorted({r["table"] for r in selected}, key=int)
+        unknown = sorted(wanted - set(tables))
+        if unknown or not wanted:
+            p.error(f"--rows {a.rows!r}: no table {', '.join(unknown) or '(none given)'} in {DATA.name}; "
+                    f"its tables are {', '.join(tables)}")
         selected = [r for r in selected if r["table"] in wanted]
     print(f"  {'row':<42} {'pub':>7} {'pred':>7} {'error':>7}   {'GiB':>5} {'pred':>5} {'error':>7}")
     results = run(selected)
