@@ -166,6 +166,9 @@ class Estimate:
     # modeled seconds of every (algorithm/protocol) candidate, e.g. {"ring/ll": 1.2e-5, ...}
     candidates: dict[str, float] = field(default_factory=dict)
     protocol: str = "simple"
+    # link key -> seconds the chosen plan keeps that link busy at the simple protocol's rate
+    # (links_of_rank picks one rank's; the busiest link sets bandwidth_s)
+    link_seconds: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     @property
     def algbw_gbs(self) -> float:
@@ -383,11 +386,12 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
     nnodes = len({topology.node_of(r) for r in members})
     full_channels = channel_count(topology, members)
     ll128_ok = _ll128_capable(members, topology)
-    best: Optional[tuple[float, float, float, _Plan, str]] = None
+    best: Optional[tuple] = None    # (score, total, latency, bandwidth time, plan, protocol, links)
     candidates: dict[str, float] = {}
     gdr = gpudirect_from_env(topology) if gpudirect is None else bool(gpudirect)
     for plan in plans:
-        simple_bw_time = _bandwidth_time(plan, topology, gdr)
+        links = _link_seconds(plan, topology, gdr)
+        simple_bw_time = _busiest(plan, links)
         # NCCL picks on its own estimate, which gives NVLS-tree the full rail rate at any node
         # count; what the run then reaches beyond two nodes is inter_scale of it. So the choice
         # is made on the full-rate time and the modeled time is the reached one.
@@ -423,15 +427,15 @@ def estimate(kind: str, count: int, elem_size: int, global_ranks: Sequence[int],
             score = latency - unknown_to_tuner + max(believed, messages)
             candidates[f"{plan.algorithm}/{proto}"] = total
             if best is None or score < best[0]:
-                best = (score, total, latency, bw_time, plan, proto)
+                best = (score, total, latency, bw_time, plan, proto, links)
     assert best is not None
-    _, total, latency, bw_time, plan, proto = best
+    _, total, latency, bw_time, plan, proto, links = best
     transfers = {edge: int(round(b)) for edge, b in plan.edges.items() if b > 0}
     node_bytes: dict[tuple[int, int], int] = defaultdict(int)
     for (a, b), nbytes in transfers.items():
         node_bytes[(topology.node_of(a), topology.node_of(b))] += nbytes
     return Estimate(kind, plan.algorithm, total, latency, bw_time, size, n,
-                    transfers, dict(node_bytes), candidates, proto)
+                    transfers, dict(node_bytes), candidates, proto, dict(links))
 
 
 def nvls_tree_fill_s(nbytes: int) -> float:
@@ -510,6 +514,67 @@ def _eff(fabric_type: str) -> float:
 
 
 def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> float:
+    return _busiest(plan, _link_seconds(plan, topo, gpudirect))
+
+
+def _busiest(plan: _Plan, links: "_LinkSeconds") -> float:
+    """The plan's bandwidth time at the simple protocol from its links' seconds."""
+    if not links:
+        return 0.0
+    if plan.rounds:
+        # Store-and-forward tree: every round moves the whole payload over its slowest link.
+        slowest = min(links.capacity.values())
+        return plan.rounds * max(plan.edges.values()) / slowest
+    return max(links.values())
+
+
+class _LinkSeconds(dict):
+    """Link key -> seconds the plan keeps that link busy alone (its bytes / its rate); the
+    rates themselves in ``capacity``."""
+
+    def __init__(self):
+        super().__init__()
+        self.capacity: dict[tuple, float] = {}
+
+
+# Which field of a link key names the GPU (a global rank) or the node it belongs to; a
+# link keyed by a pair of GPUs ("peer") belongs to that pair alone.
+_RANK_LINKS = frozenset({"port_out", "port_in", "bridge_out", "bridge_in", "gpu_pcie_out", "gpu_pcie_in",
+                         "host_staging"})
+_NODE_LINKS = frozenset({"net_out", "net_in", "net_pcie_out", "net_pcie_in", "pcie_host", "nic_out", "nic_in"})
+
+
+def links_of_rank(estimate: "Estimate", rank: int, topology: "Topology") -> dict[tuple, float]:
+    """The links of ``rank``'s own GPU and node that ``estimate``'s collective uses, each with
+    the seconds of its bandwidth time it keeps that link busy (the busiest link: all of it).
+
+    Two collectives of different communicators running at once share these links (FSDP's
+    and context parallelism's rings both through a GPU's NVLink port; FSDP's all-gather and a
+    pipeline's send both through its NIC), which each estimate alone does not see."""
+    if not estimate.link_seconds or estimate.bandwidth_s <= 0:
+        return {}
+    node = topology.node_of(rank)
+    rail = None
+    busiest = max(estimate.link_seconds.values())
+    out = {}
+    for key, seconds in estimate.link_seconds.items():
+        name = key[0]
+        if name in _RANK_LINKS:
+            mine = key[1] == rank
+        elif name in ("nic_out", "nic_in"):
+            if rail is None:
+                rail = _rail(topology, rank, node)[0]
+            mine = key[1] == node and key[2] == rail
+        elif name in _NODE_LINKS:
+            mine = key[1] == node
+        else:
+            mine = False
+        if mine and seconds > 0:
+            out[key] = estimate.bandwidth_s * seconds / busiest
+    return out
+
+
+def _link_seconds(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> _LinkSeconds:
     intra_eff = plan.intra_eff if plan.intra_eff is not None else _eff(topo.intra_node.type)
     if plan.algorithm in ("direct", "pairwise") and plan.intra_eff is None:
         # point-to-point (send/recv, all-to-all, gather/scatter) has its own efficiency
@@ -572,13 +637,11 @@ def _bandwidth_time(plan: _Plan, topo: "Topology", gpudirect: bool = True) -> fl
         for key, cap in ends:
             load[key] += nbytes
             capacity[key] = cap
-    if not load:
-        return 0.0
-    if plan.rounds:
-        # Store-and-forward tree: every round moves the whole payload over its slowest link.
-        per_round = max(plan.edges.values())
-        return plan.rounds * per_round / min(capacity.values())
-    return max(load[key] / capacity[key] for key in load)
+    links = _LinkSeconds()
+    for key, nbytes in load.items():
+        links[key] = nbytes / capacity[key]
+    links.capacity = capacity
+    return links
 
 
 def _gpu_pcie_bytes_per_s(topo: "Topology", rank: int) -> float:

@@ -117,8 +117,12 @@ def _format(plan) -> str:
         lines.append("phases (compute stream): " + ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()))
     comm = d.get("communication_seconds") or {}
     exposed = d.get("exposed_communication_by_group", d.get("exposed_communication_seconds")) or {}
+    shared = d.get("link_contention_seconds") or {}
     for group in sorted(set(comm) | set(exposed)):
-        lines.append(f"communication {group:>10}: {comm.get(group, 0.0):.3f} s, exposed {exposed.get(group, 0.0):.3f} s")
+        line = f"communication {group:>10}: {comm.get(group, 0.0):.3f} s, exposed {exposed.get(group, 0.0):.3f} s"
+        if shared.get(group):
+            line += f", slowed {shared[group]:.3f} s by other groups on shared links"
+        lines.append(line)
     if d.get("pipeline_bubble_seconds"):
         lines.append(f"pipeline bubble:      {d['pipeline_bubble_seconds']:.3f} s")
     return "\n".join(lines)

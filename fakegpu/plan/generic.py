@@ -130,6 +130,7 @@ def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Opt
         "fits": reserved is None or reserved <= memory_gib,
         "exposed_communication_seconds": st.exposed,
         "communication_seconds": st.communication,
+        "link_contention_seconds": st.contention,
         "phase_seconds": st.phase_seconds,
         "compute_seconds": st.compute_seconds,
         "flops_per_step": st.flops,

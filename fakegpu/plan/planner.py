@@ -40,6 +40,8 @@ class Plan:
     fits: bool = True
     memory_gib: float = 0.0
     timeline: object = field(default=None, repr=False)
+    # group -> seconds its collectives lost to other groups' bytes on shared links (per step)
+    link_contention_seconds: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         layout = dataclasses.asdict(self.layout)
@@ -55,6 +57,7 @@ class Plan:
             "fits": self.fits,
             "exposed_communication_seconds": self.exposed_communication_seconds,
             "communication_seconds": self.communication_seconds,
+            "link_contention_seconds": self.link_contention_seconds,
             "phase_seconds": self.phase_seconds,
             "compute_seconds": self.compute_seconds,
             "pipeline_bubble_seconds": self.pipeline_bubble_seconds,
@@ -104,6 +107,7 @@ def _metrics(capture, gpu, topology, options) -> dict:
         "compute": st.compute_seconds,
         "exposed": st.exposed,
         "communication": st.communication,
+        "contention": st.contention,
         "reserved": float(capture.peak_reserved_bytes),
         # torch.compile keeps fewer activations (fakegpu.plan.options.compiled_activation_savings)
         "compile_savings": float(compiled_activation_savings(capture.records)) if options.compile else 0.0,
@@ -184,6 +188,7 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
     reserved = _reserved(points, m)
     exposed = dict(m["exposed"])
     communication = dict(m["communication"])
+    contention = {k: v for k, v in m["contention"].items() if v > 0}
     if layout.pp > 1:
         microbatches = max(1, layout.local_batch_size // layout.microbatch_size)
         schedule = normalize_schedule(layout.pp_schedule)
@@ -202,6 +207,8 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
         compute = m["compute"] * microbatches * chunks
         for k in exposed:
             exposed[k] *= microbatches * chunks
+        for k in contention:
+            contention[k] *= microbatches * chunks
     else:
         step = m["step"]
         compute = m["compute"]
@@ -212,4 +219,4 @@ def plan_titan(config, world_size: int, topology, *, extrapolate: bool = True,
     phases = {k: m[k] for k in ("forward", "backward", "optimizer")}
     return Plan(layout, gpu.name, step, tokens_per_gpu, mfu, reserved / GiB, exposed, communication, phases,
                 compute, flops_per_token, nparams, bubble, depths, reserved / GiB <= memory_gib, memory_gib,
-                m["timeline"])
+                m["timeline"], contention)

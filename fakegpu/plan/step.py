@@ -39,6 +39,8 @@ class StepTimes:
     phase_seconds: dict                 # phase -> compute-stream span of the last step
     exposed: dict                       # group label -> exposed seconds in the last step
     communication: dict                 # group label -> collective seconds in the last step
+    # group label -> seconds its collectives lost to other groups sharing their links, last step
+    contention: dict
     compute_seconds: float              # kernel time of the last step
     flops: int                          # FLOPs of the last step (recomputation included)
     records: list = field(default_factory=list, repr=False)
@@ -59,19 +61,27 @@ def apply_options(records: Sequence[OpRecord], options: ModelOptions) -> list[Op
 
 
 class CollectiveTimer:
-    """Seconds of a collective on the topology, cached by (kind, count, size, ranks)."""
+    """Seconds of a collective on the topology and the links of the planned rank (``rank``)
+    it keeps busy, cached by (kind, count, size, ranks)."""
 
-    def __init__(self, topology):
+    def __init__(self, topology, rank: int = 0):
         self.topology = topology
+        self.rank = rank
         self._cached = lru_cache(maxsize=None)(self._estimate)
 
-    def _estimate(self, kind: str, count: int, elem_size: int, ranks: tuple, peer: int) -> float:
-        return costmodel.estimate(kind, count, elem_size, list(ranks), 0, peer, self.topology).seconds
+    def _estimate(self, kind: str, count: int, elem_size: int, ranks: tuple, peer: int) -> tuple[float, tuple]:
+        estimate = costmodel.estimate(kind, count, elem_size, list(ranks), 0, peer, self.topology)
+        links = costmodel.links_of_rank(estimate, self.rank, self.topology) if self.rank in ranks else {}
+        return estimate.seconds, tuple(sorted(links.items()))
+
+    def timed(self, kind: str, count: int, elem_size: int, ranks: Sequence[int], peer: int = 0) -> tuple[float, tuple]:
+        """(seconds, ((link key, busy seconds), ...) at the planned rank)."""
+        if len(ranks) <= 1 and kind != "SendRecv":
+            return 0.0, ()
+        return self._cached(kind, int(count), int(elem_size), tuple(ranks), peer)
 
     def seconds(self, kind: str, count: int, elem_size: int, ranks: Sequence[int], peer: int = 0) -> float:
-        if len(ranks) <= 1 and kind != "SendRecv":
-            return 0.0
-        return self._cached(kind, int(count), int(elem_size), tuple(ranks), peer)
+        return self.timed(kind, count, elem_size, ranks, peer)[0]
 
 
 def tasks_of(records: Sequence[OpRecord], gpu, timer: CollectiveTimer, labels: Optional[dict] = None,
@@ -85,9 +95,9 @@ def tasks_of(records: Sequence[OpRecord], gpu, timer: CollectiveTimer, labels: O
         writes = tuple(k for k, _ in r.writes)
         if r.collective is not None:
             c = r.collective
-            seconds = timer.seconds(c.kind, c.count, c.elem_size, c.ranks, 1 if c.kind == "SendRecv" else 0)
+            seconds, links = timer.timed(c.kind, c.count, c.elem_size, c.ranks, 1 if c.kind == "SendRecv" else 0)
             label = labels.get(c.group, c.group)
-            tasks.append(Task(r.name, seconds, f"group:{c.group}", reads, writes, label, r.step))
+            tasks.append(Task(r.name, seconds, f"group:{c.group}", reads, writes, label, r.step, links))
         elif r.kind in ("view", "no_kernel"):
             continue
         else:
@@ -122,4 +132,5 @@ def step_times(records: Sequence[OpRecord], gpu, topology, options: ModelOptions
             communication[task.group_label] = communication.get(task.group_label, 0.0) + task.seconds
     flops = sum(r.flops for r in records if r.step == last)
     return StepTimes(timeline, timeline.step_seconds(last), {k: v[1] - v[0] for k, v in phases.items()},
-                     timeline.exposed_in_step(last), communication, compute_s, flops, records)
+                     timeline.exposed_in_step(last), communication, timeline.contention_in_step(last),
+                     compute_s, flops, records)

@@ -10,6 +10,12 @@ The rules are a GPU's:
 * the compute stream runs its kernels in program order, one at a time;
 * each process group's collectives run in order on that group's own stream (NCCL gives every
   communicator its stream; FSDP2 and TP use separate groups, so their collectives overlap);
+* collectives of different groups that run at once share the links of the rank's GPU and
+  node that both use (its NVLink port, its NIC rail, its PCIe link): a link carries one's
+  bytes and the other's, so the collective that starts while another group's bytes are still
+  queued on a link it needs is slowed by the overlap, as two fair shares of the link would
+  slow it (by the shorter of its own time on the link and the queued time), and the link
+  stays busy with both (work-conserving, so a third finds it busy for their sum);
 * a task starts once its stream is free and every buffer it reads has been written by the task
   that last wrote it (a collective's output is ready when the collective ends; a kernel that
   reads it - ``wait_tensor``, FSDP2's copy-out, the optimizer reading a reduce-scattered
@@ -44,6 +50,8 @@ class Task:
     writes: tuple = ()
     group_label: Optional[str] = None   # what to report exposure under (e.g. "fsdp", "tp")
     step: int = 0                       # training step the task belongs to
+    # a collective's links at this rank: ((link key, seconds it keeps the link busy), ...)
+    links: tuple = ()
 
 
 @dataclass
@@ -57,6 +65,17 @@ class Timeline:
     exposed: dict = field(default_factory=dict)
     # group label -> total seconds of that group's collectives
     communication: dict = field(default_factory=dict)
+    # group label -> seconds its collectives were slowed by other groups' sharing their links
+    contention: dict = field(default_factory=dict)
+    # per task, the seconds it was slowed by other groups' bytes on its links (0 for kernels)
+    link_delays: list = field(default_factory=list, repr=False)
+
+    def contention_in_step(self, step: int) -> dict:
+        out: dict = defaultdict(float)
+        for task, delay in zip(self.tasks, self.link_delays):
+            if delay and task.step == step:
+                out[task.group_label or task.stream] += delay
+        return dict(out)
 
     def step_seconds(self, step: int) -> float:
         """Time from the end of the previous step's last task to the end of this step's."""
@@ -100,6 +119,9 @@ def simulate(tasks: Sequence[Task], overlap_slowdown: Optional[float] = None) ->
     exposed: dict[str, float] = defaultdict(float)
     by_step: dict[int, dict] = defaultdict(lambda: defaultdict(float))
     communication: dict[str, float] = defaultdict(float)
+    contention: dict[str, float] = defaultdict(float)
+    link_free: dict = {}              # link key -> when the bytes queued on it are through
+    link_delays: list = []
     compute_busy = 0.0
     tasks = list(tasks)
     for index, task in enumerate(tasks):
@@ -120,11 +142,17 @@ def simulate(tasks: Sequence[Task], overlap_slowdown: Optional[float] = None) ->
         else:
             communication[task.group_label or task.stream] += task.seconds
         seconds = task.seconds
+        slowed = 0.0
         if task.stream == COMPUTE and slowdown and comm_busy_until > begin:
             seconds += slowdown * min(seconds, comm_busy_until - begin)
         elif task.stream != COMPUTE:
+            slowed = _shared_link_delay(task, begin, link_free)
+            if slowed:
+                seconds += slowed
+                contention[task.group_label or task.stream] += slowed
             comm_busy_until = max(comm_busy_until, begin + seconds)
         finish = begin + seconds
+        link_delays.append(slowed)
         free[task.stream] = finish
         for key in task.writes:
             ready[key] = (finish, index)
@@ -138,6 +166,19 @@ def simulate(tasks: Sequence[Task], overlap_slowdown: Optional[float] = None) ->
         label = tasks[tail].group_label or tasks[tail].stream
         exposed[label] += makespan - last_compute
         by_step[tasks[tail].step][label] += makespan - last_compute
-    timeline = Timeline(tasks, start, end, makespan, compute_busy, dict(exposed), dict(communication))
+    timeline = Timeline(tasks, start, end, makespan, compute_busy, dict(exposed), dict(communication),
+                        dict(contention), link_delays)
     timeline._exposed_by_step = {k: dict(v) for k, v in by_step.items()}
     return timeline
+
+
+def _shared_link_delay(task: Task, begin: float, link_free: dict) -> float:
+    """Seconds ``task`` (a collective starting at ``begin``) loses to bytes of other
+    collectives still queued on its links; books its own bytes on them."""
+    delay = 0.0
+    for key, busy in task.links:
+        queued_until = link_free.get(key, 0.0)
+        if queued_until > begin:
+            delay = max(delay, min(busy, queued_until - begin))
+        link_free[key] = max(queued_until, begin) + busy
+    return delay

@@ -703,3 +703,30 @@ def test_multi_node_tree_is_a_chain_per_node_and_a_tree_of_nodes():
     # inside a node: a chain, every link carrying c/2 up and c/2 down for each of the two trees
     assert e.transfers[(1, 2)] == e.transfers[(2, 1)] == c
     assert (0, 2) not in e.transfers
+
+
+# -- the links one rank's collective keeps busy (for contention between groups) ---------------
+
+def test_links_of_rank_are_its_gpus_ports_for_a_ring_inside_a_node():
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    e = estimate("AllGather", 1 << 24, 2, [0, 1, 2, 3], 0, 0, topo, protocols=["simple"])
+    links = costmodel.links_of_rank(e, 0, topo)
+    # a ring sends and receives the same bytes at every member: both ports as busy as the step
+    assert set(links) == {("port_out", 0), ("port_in", 0)}
+    assert all(v == pytest.approx(e.bandwidth_s) for v in links.values())
+    # a rank outside the ring, or one the ring does not touch at its own GPU, has none
+    assert costmodel.links_of_rank(estimate("AllGather", 1 << 24, 2, [1, 2], 0, 0, topo), 0, topo) == {}
+
+
+def test_links_of_rank_across_nodes_are_its_node_network_and_pcie_scaled_to_the_busiest():
+    topo = cfg("h100-2node-8gpu-ib-8x400g.yaml")
+    e = estimate("AllGather", 1 << 24, 2, [0, 8], 0, 0, topo, protocols=["simple"])
+    links = costmodel.links_of_rank(e, 0, topo)
+    assert {k[0] for k in links} <= {"net_out", "net_in", "net_pcie_out", "net_pcie_in", "nic_out", "nic_in",
+                                    "gpu_pcie_out", "gpu_pcie_in"}
+    assert all(k[1] == 0 for k in links)                 # node 0's links only, not node 1's
+    assert max(links.values()) == pytest.approx(e.bandwidth_s)
+    # each link's share is its bytes over its rate, as the estimate's own link table has it
+    busiest = max(e.link_seconds.values())
+    for key, seconds in links.items():
+        assert seconds == pytest.approx(e.bandwidth_s * e.link_seconds[key] / busiest)

@@ -336,3 +336,26 @@ def test_float8_gathers_leave_other_groups_and_bf16_consumers_alone():
     vocab = [_collective("AllGather", 1 << 20, ["shard"], ["full"]),
              matmul(4096, 128256, 1024, reads=["full", "w"], writes=["logits"])]
     assert float8_tensor_parallel_gathers(vocab, {"tp"}, excluded_dims=(128256,)) == vocab
+
+
+def test_two_groups_gathering_at_once_through_one_gpus_port_share_it():
+    from fakegpu.plan.step import CollectiveTimer
+    from fakegpu.topology.model import default_topology
+
+    count = 1 << 24
+    both = [_collective("AllGather", count, ["a"], ["fa"], ranks=(0, 1, 2, 3), group="fsdp"),
+            _collective("AllGather", count, ["b"], ["fb"], ranks=(0, 1), group="cp")]
+    st = _timed(both)
+    timer = CollectiveTimer(default_topology(4))
+    fsdp_s, fsdp_links = timer.timed("AllGather", count, 2, (0, 1, 2, 3))
+    cp_s, cp_links = timer.timed("AllGather", count, 2, (0, 1))
+    assert dict(fsdp_links).keys() & dict(cp_links).keys()          # rank 0's NVLink port, both ways
+    # the second starts with the first's bytes queued on the port: slowed by the shorter of
+    # its own time on the port and what is queued there
+    slowed = min(max(dict(cp_links).values()), max(dict(fsdp_links).values()))
+    assert st.contention == {"cp": pytest.approx(slowed)}
+    assert st.step_seconds == pytest.approx(max(fsdp_s, cp_s + slowed))
+    # one after the other on one group's stream: no contention, the stream orders them
+    alone = _timed([_collective("AllGather", count, ["a"], ["fa"], ranks=(0, 1, 2, 3), group="fsdp"),
+                    _collective("AllGather", count, ["b"], ["fb"], ranks=(0, 1, 2, 3), group="fsdp")])
+    assert alone.contention == {} and alone.step_seconds == pytest.approx(2 * fsdp_s)

@@ -217,3 +217,52 @@ def test_a_kernel_beside_a_collective_is_slowed_by_the_overlap_share():
     assert t.exposed.get("fsdp", 0.0) == 0.0
     ideal = timeline_module.simulate(tasks, overlap_slowdown=0.0)
     assert ideal.makespan == pytest.approx(3.0) and t.makespan > ideal.makespan
+
+
+# (i) contention: collectives of different groups sharing a link ------------------------------
+
+def _sharing(link_b="port_out"):
+    # FSDP's gather keeps the GPU's NVLink port busy 3 s of its 4; the CP gather, issued after a
+    # 1 s kernel, needs the same port for 2 s of its 2.5
+    return simulate([
+        Task("fsdp_ag", 4.0, "group:fsdp", group_label="fsdp", links=((("port_out", 0), 3.0),)),
+        kernel("k", 1.0, writes=["q"]),
+        Task("cp_ag", 2.5, "group:cp", reads=("q",), group_label="cp", links=(((link_b, 0), 2.0),)),
+    ])
+
+
+def test_a_collective_sharing_a_busy_link_is_slowed_by_the_overlap():
+    t = _sharing()
+    # the port still has 3 - 1 = 2 s of FSDP bytes queued when the CP gather starts: two fair
+    # shares slow it by the shorter of that and its own 2 s on the port
+    assert t.start[2] == approx(1.0)
+    assert t.end[2] == approx(1.0 + 2.5 + 2.0)
+    assert t.contention == {"cp": approx(2.0)}
+    assert t.contention_in_step(0) == {"cp": approx(2.0)}
+    assert t.link_delays == approx([0.0, 0.0, 2.0])
+    assert t.end[0] == approx(4.0)            # the earlier collective's end is not moved
+    assert t.communication == {"fsdp": approx(4.0), "cp": approx(2.5)}   # alone-on-the-fabric times
+
+
+def test_collectives_on_different_links_do_not_slow_each_other():
+    t = _sharing(link_b="nic_out")
+    assert t.end[2] == approx(3.5) and t.contention == {}
+
+
+def test_a_link_stays_busy_with_every_collectives_bytes():
+    # three groups on one link: the third finds the link busy for the first two's sum
+    t = simulate([
+        Task("a", 1.0, "group:a", group_label="a", links=((("port_out", 0), 1.0),)),
+        Task("b", 1.0, "group:b", group_label="b", links=((("port_out", 0), 1.0),)),
+        Task("c", 0.5, "group:c", group_label="c", links=((("port_out", 0), 0.5),)),
+    ])
+    assert t.end == approx([1.0, 2.0, 1.0])    # b: queued 1 s behind a; c: queued 2 s, slowed 0.5
+    assert t.contention == {"b": approx(1.0), "c": approx(0.5)}
+
+
+def test_collectives_of_one_group_queue_on_its_stream_not_as_contention():
+    t = simulate([
+        Task("a", 1.0, "group:fsdp", group_label="fsdp", links=((("port_out", 0), 1.0),)),
+        Task("b", 1.0, "group:fsdp", group_label="fsdp", links=((("port_out", 0), 1.0),)),
+    ])
+    assert t.end == approx([1.0, 2.0]) and t.contention == {}
