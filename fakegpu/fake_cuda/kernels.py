@@ -4,12 +4,16 @@ directly (``torch.ops.aten._scaled_dot_product_efficient_attention`` / ``_flash_
 the flash kernels ``_flash_attention_forward`` / ``_backward`` in their dense and
 variable-length forms, which ``torch.nn.attention.varlen.varlen_attn`` calls, and their
 backwards).  They compute torch's math attention, the exact reference the fused
-kernels approximate; the backward recomputes it under autograd.  Dropout is refused: the
+kernels approximate, and its log-sum-exp.  The SDPA-level backwards (flash, efficient,
+cuDNN) compute the gradients from the output and log-sum-exp they are given, as the fused
+kernels do (ring attention hands them a result merged over key blocks); the others
+recompute the math attention under autograd.  Dropout is refused: the
 CUDA kernels' Philox masks cannot be reproduced, and the math kernel draws its own.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 
@@ -18,22 +22,12 @@ from .memory import UnsupportedOnFakeCuda
 _library = None
 
 
-def _math(query, key, value, attn_mask, is_causal, scale):
-    return torch.ops.aten._scaled_dot_product_attention_math(
-        query, key, value, attn_mask, 0.0, is_causal, None, scale=scale)[0]
-
-
 def _no_dropout(name: str, dropout_p: float) -> None:
     if dropout_p:
         raise UnsupportedOnFakeCuda(
             f"fakegpu: aten::{name} with dropout_p={dropout_p} cannot run on fake CUDA devices "
             "(the CUDA kernel's dropout mask cannot be reproduced on the CPU); call "
             "torch.nn.functional.scaled_dot_product_attention, which falls back to the math kernel")
-
-
-def _lse_placeholder(query) -> torch.Tensor:
-    batch, heads, length = query.shape[0], query.shape[1], query.shape[2]
-    return torch.zeros(batch, heads, length, dtype=torch.float32)
 
 
 def _autograd_back_on():
@@ -49,50 +43,114 @@ def _autograd_back_on():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
-def _grads(grad_out, query, key, value, attn_mask, is_causal, scale):
-    with _autograd_back_on(), torch.enable_grad():
-        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
-        inputs = [q, k, v]
-        mask = None
-        if attn_mask is not None and attn_mask.is_floating_point():
-            mask = attn_mask.detach().requires_grad_()
-            inputs.append(mask)
-        out = _math(q, k, v, mask if mask is not None else attn_mask, is_causal, scale)
-        return torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
-
-
 def efficient_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
                       is_causal=False, *, scale=None):
     _no_dropout("_scaled_dot_product_efficient_attention", dropout_p)
-    out = _math(query, key, value, attn_bias, is_causal, scale)
+    if attn_bias is None and (not is_causal or query.shape[-2] == key.shape[-2]):
+        out, lse = _attend(query, key, value, is_causal, scale, None, None)   # the math kernel's path
+    else:   # a bias, or a causal mask from the top left (the kernel's alignment)
+        out, lse = _efficient_attend(query, key, value, attn_bias, "top_left" if is_causal else None, scale)
     empty = torch.zeros((), dtype=torch.int64)
-    return out, _lse_placeholder(query), empty, empty.clone()
+    return out, _padded_lse(lse, compute_log_sumexp), empty, empty.clone()
 
 
 def efficient_backward(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
                        philox_offset, dropout_p, grad_input_mask, is_causal=False, *, scale=None):
     _no_dropout("_scaled_dot_product_efficient_attention_backward", dropout_p)
-    grads = _grads(grad_out, query, key, value, attn_bias if attn_bias is not None and attn_bias.numel() else None,
-                   is_causal, scale)
-    bias_grad = grads[3] if len(grads) > 3 and grads[3] is not None and grad_input_mask[3] else \
-        torch.empty(0, dtype=query.dtype)
+    bias = attn_bias if attn_bias is not None and attn_bias.numel() else None
+    lse = logsumexp[..., :query.shape[-2]]
+    grads = _grads_from_lse(grad_out, query, key, value, out, lse, scale,
+                            _additive_mask(query, key, bias, "top_left" if is_causal else None))
+    # no bias gradient unless asked for (None, as the CUDA kernel returns it)
+    bias_grad = _bias_grad(grads[3], bias) if bias is not None and grad_input_mask[3] else None
     return grads[0], grads[1], grads[2], bias_grad
 
 
 def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                   scale=None):
     _no_dropout("_scaled_dot_product_flash_attention", dropout_p)
-    out = _math(query, key, value, None, is_causal, scale)
-    empty = torch.empty(0, dtype=torch.int64)
-    return (out, _lse_placeholder(query), empty, empty.clone(), query.shape[2], key.shape[2],
-            torch.zeros(2, dtype=torch.int64), torch.empty(0), torch.empty(0, dtype=query.dtype))
+    out, lse = _attend(query, key, value, is_causal, scale, None, None)
+    # As the CUDA kernel returns them: no sequence offsets, the RNG state (Philox seed and
+    # offset), an unused scalar, an empty debug mask.
+    return (out, lse, None, None, query.shape[2], key.shape[2],
+            torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64),
+            torch.empty(0, dtype=query.dtype))
 
 
 def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                    dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     _no_dropout("_scaled_dot_product_flash_attention_backward", dropout_p)
-    grads = _grads(grad_out, query, key, value, None, is_causal, scale)
-    return grads[0], grads[1], grads[2]
+    mask = _additive_mask(query, key, None, "bottom_right" if is_causal else None)
+    return _grads_from_lse(grad_out, query, key, value, out, logsumexp, scale, mask)[:3]
+
+
+def _padded_lse(lse, compute_log_sumexp: bool) -> torch.Tensor:
+    """The memory-efficient kernel's log-sum-exp rows: padded to a multiple of 32 with +inf
+    (as the kernel writes them), none unless asked for."""
+    batch, heads, length = lse.shape
+    width = -(-length // _LSE_ALIGN) * _LSE_ALIGN if compute_log_sumexp else 0
+    padded = torch.full((batch, heads, width), float("inf"), dtype=torch.float32)
+    if width:
+        padded[..., :length] = lse
+    return padded
+
+
+def _additive_mask(query, key, bias, causal: Optional[str]):
+    """The float mask the scores get (a bias and/or a causal mask aligned ``top_left`` or
+    ``bottom_right``), None when there is neither."""
+    lq, lk = query.shape[-2], key.shape[-2]
+    mask = None
+    if causal is not None:
+        i = torch.arange(lq).unsqueeze(1) + (lk - lq if causal == "bottom_right" else 0)
+        keep = torch.arange(lk).unsqueeze(0) <= i
+        mask = torch.zeros(lq, lk, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        mask = bias.float() if mask is None else bias.float() + mask
+    return mask
+
+
+def _grads_from_lse(grad_out, query, key, value, out, logsumexp, scale, mask):
+    """The gradients of q, k, v (and of the scores, for a bias) as the fused kernels compute
+    them: from the forward's output and log-sum-exp as given, on (batch, heads, length, dim)
+    tensors whose keys may have fewer heads (GQA).  Given the kernel's own output these are
+    the math attention's gradients; given an output and log-sum-exp merged over several key
+    blocks (ring attention, which runs the backward block by block against the merged
+    result) they are each block's share of the whole attention's gradients, which a
+    recomputation of the block alone would not give."""
+    groups = query.shape[-3] // key.shape[-3]
+    k, v = key.float(), value.float()
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    q, do, o = query.float(), grad_out.float(), out.float()
+    factor = scale if scale is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-2, -1)) * factor
+    if mask is not None:
+        scores = scores + mask
+    lse = logsumexp.float().unsqueeze(-1)
+    # a row with no key to see has no probability anywhere (its log-sum-exp is +-inf)
+    probs = torch.where(torch.isfinite(lse), torch.exp(scores - lse), torch.zeros((), dtype=torch.float32))
+    grad_v = torch.matmul(probs.transpose(-2, -1), do)
+    grad_probs = torch.matmul(do, v.transpose(-2, -1))
+    delta = (do * o).sum(-1, keepdim=True)
+    grad_scores = probs * (grad_probs - delta)
+    grad_q = torch.matmul(grad_scores, k) * factor
+    grad_k = torch.matmul(grad_scores.transpose(-2, -1), q) * factor
+    if groups > 1:
+        shape = (*key.shape[:-3], key.shape[-3], groups, *key.shape[-2:])
+        grad_k = grad_k.reshape(shape).sum(-3)
+        grad_v = grad_v.reshape(shape).sum(-3)
+    return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype), grad_scores)
+
+
+def _bias_grad(grad_scores, bias):
+    """A bias's gradient: the scores' gradient summed over the dimensions it broadcast along."""
+    grad = grad_scores
+    while grad.dim() > bias.dim():
+        grad = grad.sum(0)
+    for dim, size in enumerate(bias.shape):
+        if size == 1 and grad.shape[dim] != 1:
+            grad = grad.sum(dim, keepdim=True)
+    return grad.to(bias.dtype)
 
 
 def _unsupported_argument(op: str, what: str) -> None:
@@ -187,14 +245,13 @@ def cudnn_sdpa_forward(query, key, value, attn_bias, compute_log_sumexp, dropout
                        is_causal=False, return_debug_mask=False, *, scale=None):  # noqa: ARG001
     _no_dropout("_scaled_dot_product_cudnn_attention", dropout_p)
     if attn_bias is not None:
-        out = _math(query, key, value, attn_bias, is_causal, scale)
-        lse = _lse_placeholder(query)
+        out, lse = _efficient_attend(query, key, value, attn_bias, "top_left" if is_causal else None, scale)
     else:
         out, lse = _attend(query, key, value, is_causal, scale, None, None)
-    empty = torch.empty(0, dtype=torch.int64)
-    return (out, lse, empty, empty.clone(), query.shape[2], key.shape[2],
-            torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64),
-            torch.empty(0, dtype=query.dtype))
+    # As the CUDA kernel returns them: statistics (batch, heads, length, 1), no sequence
+    # offsets, the Philox seed and offset, no debug mask.
+    return (out, lse.unsqueeze(-1), None, None, query.shape[2], key.shape[2],
+            torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), None)
 
 
 def cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset,
@@ -202,8 +259,10 @@ def cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed
                         scale=None):  # noqa: ARG001
     _no_dropout("_scaled_dot_product_cudnn_attention_backward", dropout_p)
     bias = attn_bias if attn_bias is not None and attn_bias.numel() else None
-    grads = _grads(grad_out, query, key, value, bias, is_causal, scale)
-    return grads[0], grads[1], grads[2]
+    causal = ("top_left" if bias is not None else "bottom_right") if is_causal else None
+    lse = logsumexp.squeeze(-1) if logsumexp.dim() == query.dim() else logsumexp
+    return _grads_from_lse(grad_out, query, key, value, out, lse, scale,
+                           _additive_mask(query, key, bias, causal))[:3]
 
 
 def cudnn_attention_forward(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,

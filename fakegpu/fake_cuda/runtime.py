@@ -579,7 +579,12 @@ def patch_sdpa() -> None:
 
     original = torch.nn.functional.scaled_dot_product_attention
 
+    from .context_parallel import ring_sdpa
+
     def scaled_dot_product_attention(*args, **kwargs):
+        routed = ring_sdpa(args, kwargs)   # context parallelism's DTensors: the GPU's fused kernel
+        if routed is not None:
+            return routed
         return _sdpa_with_fallback(original, args, kwargs)
 
     # Also torch._C._nn.scaled_dot_product_attention: the name torch's C code looks the

@@ -487,6 +487,26 @@ def test_fsdp2_x_tp_with_dcp_checkpoint_matches_its_cpu_port(tmp_path, shim_libr
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_context_parallel_sdpa_runs_torchs_ring_attention_exactly(tmp_path, shim_library):
+    """torch's context_parallel with SDPA on 4 fake GPUs: the ring (flash kernel for bf16,
+    memory-efficient for fp32, grouped keys) gives each rank its shard of the whole causal
+    attention and of its q, k, v gradients (a float64 reference), which needs the kernels'
+    real log-sum-exp (merging) and gradients taken against the merged result."""
+    from helpers.torchrun import fgpu_env, run_fgpu_torchrun
+
+    run_fgpu_torchrun(tmp_path, fgpu_env(shim_library, FAKEGPU_COORDINATOR_TIMEOUT_MS="60000"),
+                      ["-q", "--device-count", "4"],
+                      ["--standalone", "--nproc-per-node", "4",
+                       str(PROGRAMS / "context_parallel_sdpa_gpu.py"), str(tmp_path)])
+    for rank in range(4):
+        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert max(errors["fp32"]) < 1e-5, (rank, errors)
+        for case in ("bf16", "bf16_gqa"):       # bfloat16 rounds to 2^-8 of the value
+            assert max(errors[case]) < 0.02, (rank, case, errors)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_nccl_spellings_become_the_fakegpu_backend_and_gloo_groups_stay(tmp_path, shim_library):
     from helpers.torchrun import fgpu_env, run_fgpu_torchrun
 

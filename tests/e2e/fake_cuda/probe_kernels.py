@@ -60,6 +60,33 @@ qr, kr, vr = leaves(qc, kc, vc)
 math(qr, kr, vr, None, 0.0, True, None)[0].backward(grad)
 out["cudnn_sdpa"] = [diff(fwd[0], ref), diff(bwd[0], qr.grad), diff(bwd[1], kr.grad), diff(bwd[2], vr.grad)]
 
+# SDPA's flash kernel called directly, as ring attention calls it: over two blocks of keys,
+# each block's output and log-sum-exp merged into the whole attention's, and each block's
+# backward taken against the merged output and log-sum-exp; the q gradients summed and the
+# k, v gradients put side by side must be the whole attention's.  Also the memory-efficient
+# kernel's log-sum-exp.
+flash = torch.ops.aten._scaled_dot_product_flash_attention
+qb, kb, vb = (torch.randn(1, 2, 8, 8, device="cuda") for _ in range(3))
+gb = torch.randn_like(qb)
+blocks = [flash(qb, kb[:, :, a:b], vb[:, :, a:b]) for a, b in ((0, 5), (5, 8))]
+lse = torch.logaddexp(blocks[0][1], blocks[1][1])
+merged = sum(torch.exp(blk[1] - lse).unsqueeze(-1) * blk[0] for blk in blocks)
+grads = [torch.ops.aten._scaled_dot_product_flash_attention_backward(
+    gb, qb, kb[:, :, a:b], vb[:, :, a:b], merged, lse, None, None, 8, b - a, 0.0, False, blk[6], blk[7])
+    for (a, b), blk in zip(((0, 5), (5, 8)), blocks)]
+qbl, kbl, vbl = leaves(qb, kb, vb)
+whole = math(qbl, kbl, vbl, None, 0.0, False, None)[0]
+whole.backward(gb)
+scores = (qb @ kb.transpose(-2, -1)) * 8 ** -0.5
+out["flash_blocks_merged"] = [diff(merged, whole), diff(lse, torch.logsumexp(scores, -1)),
+                              diff(grads[0][0] + grads[1][0], qbl.grad),
+                              diff(torch.cat([grads[0][1], grads[1][1]], dim=2), kbl.grad),
+                              diff(torch.cat([grads[0][2], grads[1][2]], dim=2), vbl.grad)]
+res = torch.ops.aten._scaled_dot_product_efficient_attention(qb, kb, vb, None, True, 0.0, True)
+causal8 = torch.zeros(8, 8).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+out["sdpa_efficient_lse"] = [diff(res[1][..., :8], torch.logsumexp(scores + causal8, -1)),
+                             list(res[1].shape), bool(torch.isinf(res[1][..., 8:]).all())]
+
 # aten::_cudnn_attention_forward / _backward (what varlen_attn calls on cuDNN GPUs): dense, as
 # _scaled_dot_product_cudnn_attention; and packed (total, heads, dim) sequences with
 # cum_seq_q/k, against the math kernel per sequence.
