@@ -183,7 +183,7 @@ class FakeWorldProcessGroup(GroupBase):
                             tensor_np.dtype.itemsize, count, redop=redop, root=root, peer=peer)
         for observe in COLLECTIVE_OBSERVERS:   # fgpu plan's recorder (fakegpu.plan.generic)
             observe(kind, tuple(self.members), int(tensor_np.dtype.itemsize), int(count), self.comm_name,
-                    tuple(tensors))
+                    tuple(tensors), group_name=self._group_name)
 
     def _reduce_local(self, buf: _Buf, reduce_op, values: Optional[np.ndarray] = None) -> np.ndarray:
         redop, scale = _reduction(reduce_op, buf.tensor)

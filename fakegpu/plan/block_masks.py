@@ -103,3 +103,28 @@ def causal_block_mask(batch: int, seq_len: int, cp: int = 1, load_balancer: Opti
                                     seq_lengths=(len(query_blocks) * BLOCK, seq_len))
     positions = local.view(1, -1).expand(batch, -1).contiguous() if cp > 1 else None
     return mask, positions
+
+
+def ring_positions(batch: int, seq_len: int, cp: int, load_balancer: Optional[str] = "headtail",
+                   rank: int = 0):
+    """The global token positions CP rank ``rank`` holds under SDPA's ring attention, as
+    TorchTitan's ``cp_shard`` shards them: with ``headtail``, chunks ``rank`` and
+    ``2 cp - 1 - rank`` of ``2 cp`` equal chunks; without a load balancer, chunk ``rank`` of
+    ``cp``.  (batch, seq_len // cp), for RoPE."""
+    import torch
+
+    balancer = (load_balancer or "").lower() or None
+    if balancer not in (None, "headtail"):
+        raise NotImplementedError(f"context_parallel_load_balancer={load_balancer!r} with SDPA: "
+                                  "modeled: 'headtail', or none")
+    if seq_len % (2 * cp if balancer else cp):
+        raise ValueError(f"seq_len {seq_len} does not split into {2 * cp if balancer else cp} equal "
+                         f"context-parallel chunks")
+    if balancer:
+        chunk = seq_len // (2 * cp)
+        starts = (rank * chunk, (2 * cp - 1 - rank) * chunk)
+    else:
+        chunk = seq_len // cp
+        starts = (rank * chunk,)
+    local = torch.cat([torch.arange(start, start + chunk) for start in starts])
+    return local.view(1, -1).expand(batch, -1).contiguous()

@@ -58,6 +58,40 @@ def _buffers(values) -> tuple:
     return tuple(out)
 
 
+_shape_inference_patches = 0
+
+
+@contextlib.contextmanager
+def _dtensor_shape_inference_unseen():
+    """DTensor infers an op's global output shape by running the op once more at the global
+    shape on fake tensors (``ShardingPropagator._propagate_tensor_meta_non_cached``) under the
+    current modes; no GPU runs that op, so it runs outside them (a fresh fake mode) and is
+    neither recorded nor charged.  The sharding cache keeps most calls from getting here;
+    context parallelism's ring-attention handler gets here at every call."""
+    global _shape_inference_patches
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        from torch.utils._python_dispatch import _disable_current_modes
+    except ImportError:                  # a torch without distributed: no DTensor
+        yield
+        return
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def unseen(self, op_schema):
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    if _shape_inference_patches == 0:
+        ShardingPropagator._propagate_tensor_meta_non_cached = unseen
+    _shape_inference_patches += 1
+    try:
+        yield
+    finally:
+        _shape_inference_patches -= 1
+        if _shape_inference_patches == 0:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
 class OpRecorder(TorchDispatchMode):
     """Records each aten op run below it (see the module's docstring), with the buffers it
     reads and writes, the collective it runs, and the phase and step set by :meth:`phase`."""
@@ -75,6 +109,22 @@ class OpRecorder(TorchDispatchMode):
         self.current_phase = ""
         self.current_step = 0
         self.recomputing = 0          # depth of activation-checkpoint recomputations running
+        self._unseen: list = []       # one per (re-)entry: the recorder re-enters itself
+        # >0 while a functional collective (recorded as that op) runs: the process group call
+        # it makes underneath is the same collective (fakegpu.plan.generic's observer skips it)
+        self.running_functional_collective = 0
+
+    def __enter__(self):
+        unseen = _dtensor_shape_inference_unseen()
+        unseen.__enter__()
+        self._unseen.append(unseen)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._unseen.pop().__exit__(None, None, None)
 
     def buffer_ids(self, buffers, fresh: bool = False) -> tuple:
         """(buffer id, bytes) for (storage address, bytes) pairs; ``fresh``: newly allocated."""
@@ -118,7 +168,12 @@ class OpRecorder(TorchDispatchMode):
             except Exception:       # noqa: BLE001 - not runnable here: record the op itself
                 del self.records[recorded:]
                 self._ids, self._next_id = ids
-        out = func(*args, **kwargs)
+        functional = getattr(func, "namespace", None) in _FUNCTIONAL_COLLECTIVES
+        self.running_functional_collective += functional
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.running_functional_collective -= functional
         if getattr(func, "namespace", None) != "prim":     # prim.device and the like: no GPU work
             record = describe_op(func, args, kwargs, out)
             if record.kind in ("view", "no_kernel"):
@@ -168,6 +223,10 @@ class OpRecorder(TorchDispatchMode):
         finally:
             checkpoint._recomputation_hook = original
 
+
+# torch's functional collectives (DTensor's, tensor and context parallelism's): recorded as the
+# op, which runs its collective on the process group underneath.
+_FUNCTIONAL_COLLECTIVES = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional"}
 
 # Namespaces whose ops the recorder understands as they are (a custom op there is not unwrapped).
 _OPAQUE_NAMESPACES = {"aten", "prim", "prims", "higher_order"} | _COMMUNICATION_NAMESPACES

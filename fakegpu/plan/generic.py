@@ -61,7 +61,13 @@ def _observer(recorder):
     from .collectives import Collective
     from .compute import OpRecord
 
-    def observe(kind, members, elem_size, count, comm_name, tensors):
+    def observe(kind, members, elem_size, count, comm_name, tensors, group_name=""):
+        if group_name:
+            # the recorder names a functional collective's group by its c10d name: report it
+            # under the communicator's name, as the collectives observed here are
+            _state.setdefault("labels", {})[group_name] = comm_name
+        if recorder.running_functional_collective:
+            return      # a functional collective's own call: the recorder has it as that op
         buffers = recorder.buffer_ids(_buffers(tensors))
         collective = Collective(kind, count, elem_size, members, comm_name)
         recorder.records.append(OpRecord(
@@ -91,7 +97,8 @@ def _dump() -> None:
         recorder.__exit__(None, None, None)
     except Exception:  # noqa: BLE001 - the mode stack may already be unwound at exit
         pass
-    captured = {"records": recorder.records, "steps": _state["steps"], "peak_reserved_bytes": _peak_reserved()}
+    captured = {"records": recorder.records, "steps": _state["steps"], "peak_reserved_bytes": _peak_reserved(),
+                "labels": dict(_state.get("labels", {}))}
     with open(_state["path"], "wb") as fh:
         pickle.dump(captured, fh)
 
@@ -111,7 +118,7 @@ def plan_records(captured: dict, topology, world_size: int, tokens_per_step: Opt
     # the last step that ended with optimizer.step(); the first warms up (optimizer state)
     last = steps - 1
     records = [r for r in captured["records"] if r.step <= last]
-    st = step_times(records, gpu, topology, step=last)
+    st = step_times(records, gpu, topology, labels=captured.get("labels"), step=last)
     peak = (gpu.bf16_tflops or 0.0) * 1e12
     tokens = tokens_per_step / st.step_seconds if tokens_per_step else None
     memory_gib = float(gpu.memory_gb) * 1e9 / GiB

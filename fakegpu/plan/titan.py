@@ -203,11 +203,14 @@ def _attention_inputs(model, parallel_dims, par, batch: int, seq: int) -> dict:
     materialise seq x seq booleans and compile a mask per rank)."""
     cp = parallel_dims.cp
     if not _uses_flex(model):
-        if cp > 1:
-            raise NotImplementedError(
-                "context parallelism is planned for flex attention (TorchTitan's default attention for "
-                "llama3); this model's attention is SDPA, whose ring attention the planner does not model")
-        return {}
+        if cp == 1:
+            return {}
+        # SDPA: torch's ring attention over the cp group (the capture runs it through the fused
+        # kernel a GPU picks, fakegpu.fake_cuda.context_parallel); RoPE gets the positions
+        from .block_masks import ring_positions
+
+        balancer = getattr(par, "context_parallel_load_balancer", "headtail")
+        return {"positions": ring_positions(batch, seq, cp, balancer)}
     from torchtitan.models.common.attention import FlexAttention
 
     from .block_masks import causal_block_mask
@@ -242,6 +245,7 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
     from torchtitan.distributed import ParallelDims
 
     from fakegpu.fake.estimate_memory import _AllocatorReplay, _replay_mode, _resize_hook
+    from fakegpu.fake_cuda.context_parallel import ring_sdpa_patched
 
     from .capture import OpRecorder
 
@@ -296,7 +300,9 @@ def capture(config, world_size: int, n_layers: Optional[int] = None, batch_size:
         dim = int(getattr(model_config, "dim", 0) or 0)
         tp_mesh = parallel_dims.get_optional_mesh("tp") if parallel_dims.tp > 1 else None
         activation = 0
-        with FakeTensorMode(allow_non_fake_inputs=True), _resize_hook(replay):
+        # SDPA under context parallelism runs as torch's ring attention, as on a GPU
+        ring = ring_sdpa_patched() if parallel_dims.cp > 1 and not _uses_flex(model) else contextlib.nullcontext()
+        with FakeTensorMode(allow_non_fake_inputs=True), _resize_hook(replay), ring:
             with _replay_mode(replay):
                 model.to_empty(device="cpu")
             model.train()

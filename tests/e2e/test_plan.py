@@ -67,6 +67,73 @@ def test_plan_of_a_gpu_style_torchrun_script(tmp_path, shim_library):
     assert "compute stream" in streams and any(s.startswith("comm stream") for s in streams)
 
 
+# Two attention blocks trained under torch's context_parallel (SDPA's ring attention) on a
+# 4-rank cp mesh, bf16, 2 x 2048 tokens per step (512 per rank).
+CP_SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
+
+    class Block(torch.nn.Module):
+        def __init__(self, dim=256, heads=4):
+            super().__init__()
+            self.heads = heads
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.out = torch.nn.Linear(dim, dim)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return x + self.out(y.transpose(1, 2).reshape(b, s, d))
+
+    model = torch.nn.Sequential(Block(), Block()).cuda().bfloat16()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(2, 512 * world, 256, device="cuda", dtype=torch.bfloat16)
+        with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
+            model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def test_plan_of_a_context_parallel_sdpa_script_times_torchs_ring_attention(tmp_path, shim_library):
+    """SDPA under context_parallel runs as the ring on a GPU runs it (flash kernels per key
+    block, head-tail balanced): the timed step's FLOPs are exactly the ring's and the linears',
+    each collective of the ring is recorded once, under its communicator's name."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    (tmp_path / "cp.py").write_text(CP_SCRIPT)
+    done = _plan(tmp_path, shim_library, ["--json", "--cluster-config", "h100-1node-8gpu-nvlink",
+                                          "--tokens-per-step", "1024", "--", "torchrun",
+                                          "--nproc-per-node", "4", "cp.py"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads(done.stdout)
+    # rank 0 of the ring: its 512 queries against its own 512 keys (causal), then 3 blocks of
+    # its 256 later queries against 512 keys each; the backward the same blocks
+    whole, half = (2, 4, 512, 64), (2, 4, 256, 64)
+    attention = sdpa_flop_count(whole, whole, whole) + 3 * sdpa_flop_count(half, whole, whole) \
+        + sdpa_backward_flop_count(whole, whole, whole, whole) + 3 * sdpa_backward_flop_count(half, half, whole, whole)
+    tokens = 2 * 512
+    linears = 2 * tokens * 256 * 768 + 2 * tokens * 256 * 256          # one block's forward
+    # forward and weight gradients of both blocks, input gradients of all but the first qkv
+    assert plan["flops_per_step"] == 2 * attention + 2 * 2 * linears + 2 * linears - 2 * tokens * 256 * 768
+    assert set(plan["communication_seconds"]) == {"default_pg"}   # the cp mesh is the world group
+    trace = json.loads((tmp_path / "fakegpu-plan-trace.json").read_text())
+    names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
+    # 3 recorded steps x 2 blocks: 4 ring steps each, forward and backward; the keys and values
+    # all-gathered once per block forward and backward; their gradients passed 4 times
+    assert names.count("_scaled_dot_product_flash_attention") == 24
+    assert names.count("_scaled_dot_product_flash_attention_backward") == 24
+    assert names.count("all_gather_into_tensor") == 12 and names.count("all_to_all_single") == 24
+
+
 def test_plan_refuses_a_program_without_an_optimizer_step(tmp_path, shim_library):
     (tmp_path / "noop.py").write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n")
     done = _plan(tmp_path, shim_library, ["--", "torchrun", "--nproc-per-node", "2", "noop.py"])
@@ -161,6 +228,34 @@ def test_plan_of_context_parallelism_captures_the_key_value_all_gathers_and_the_
     assert (sq, sk) == (512, 1024)
     mask, _ = causal_block_mask(2, 1024, 2, "headtail")
     assert flex[0].work_fraction == pytest.approx(_block_mask_density([mask.as_tuple()]))
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_plan_of_context_parallelism_with_sdpa_captures_torchs_ring_attention():
+    """CP 2 on the debug model with TorchTitan's SDPA attention (what TorchTitan of 2024 ran):
+    per layer, the keys and values all-gathered on the cp group in forward and backward, their
+    fp32 gradients passed round the ring, and the kernels of the head-tail balanced ring: the
+    rank's 512 queries against its own 512 keys (causal), then its later 256 against 512."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    from fakegpu.cli.plan import _titan_config
+    from fakegpu.plan import titan
+
+    config = _titan_config([*TITAN[2:6], "--training.local_batch_size", "2", "--training.seq_len", "1024",
+                            "--parallelism.context_parallel_degree", "2"], "h100")
+    layers = config.model_spec.model.layers
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    cap = titan.capture(config, 8, steps=1)
+    cp_group = next(g for g, name in cap.labels.items() if name == "cp")
+    on_cp = [r.collective for r in cap.records if r.collective is not None and r.collective.group == cp_group]
+    gathers = [c for c in on_cp if c.kind == "AllGather"]
+    passes = [c for c in on_cp if c.kind == "AlltoAll"]
+    assert len(gathers) >= 2 * len(layers) and len(passes) == 2 * len(layers)
+    assert {c.elem_size for c in gathers} == {2} and {c.elem_size for c in passes} == {4}
+    shapes = {(r.phase, r.attention[1:4]) for r in cap.records if r.kind == "attention"}
+    assert shapes == {("forward", (512, 512, True)), ("forward", (256, 512, False)),
+                      ("backward", (512, 512, True)), ("backward", (256, 512, False))}
 
 
 @pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
