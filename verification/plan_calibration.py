@@ -63,6 +63,7 @@ def plan_row(row: dict) -> dict:
     _set_ac(config, row["ac"])
     _loss_of_2024(config)
     _rope_of_2024(config)
+    _attention_of_2024(config)
     # Each row in a forked child, as the sweep plans each layout: torch and TorchTitan keep
     # mesh and sharding state in module globals that one row's capture must not leave to the next.
     # float8_tp_gathers: TorchTitan of 2024-12 applied torchao's Float8 TP plans with Float8
@@ -94,6 +95,19 @@ def _rope_of_2024(config) -> None:
         rope = getattr(attention, "rope", None)
         if rope is not None and rope.max_seq_len < seq:
             attention.rope = dataclasses.replace(rope, max_seq_len=seq)
+
+
+def _attention_of_2024(config) -> None:
+    """TorchTitan of 2024-12 ran SDPA (flex attention came later), and under context
+    parallelism torch's SDPA ring attention; 0.3.0's llama3 specs build flex attention and
+    refuse SDPA for language models.  The rows are planned with the attention their software
+    ran: each layer's inner attention TorchTitan's ScaledDotProductAttention."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    for layer in config.model_spec.model.layers:
+        attention = getattr(layer, "attention", None)
+        if attention is not None and hasattr(attention, "inner_attention"):
+            attention.inner_attention = ScaledDotProductAttention.Config()
 
 
 def run(selected: list[dict]) -> list[dict]:

@@ -13,10 +13,11 @@ from helpers.paths import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "verification"))
 import plan_calibration  # noqa: E402
 
-# The level reached when these rows were calibrated (tokens/s within 5 %, memory within 10 %),
-# with room for the fixed constants to move a little; a change past this is a regression.
-TPS_TOLERANCE = 0.08
-MEMORY_TOLERANCE = 0.12
+# The level these rows are at (tokens/s within 10 %, memory within 5 %, planned with the SDPA
+# attention the published runs used), with room for the fixed constants to move a little; a
+# change past this is a regression.
+TPS_TOLERANCE = 0.12
+MEMORY_TOLERANCE = 0.08
 
 
 def test_every_row_names_its_source_and_split():
@@ -65,9 +66,9 @@ def test_table_1_stays_within_its_calibrated_level():
                     reason="TorchTitan 0.3.0 is not installed (CI does not install it)")
 def test_context_parallel_rows_keep_their_level():
     """Table 2 at CP 1 and 2 (8B, 8 GPUs, 32k and 64k tokens): within the calibrated level;
-    CP 4's known excess over the published figure (measured with torch's SDPA ring attention of
-    2024, which ran slower than the planner predicts for TorchTitan 0.3.0's flex-attention
-    all-gather, docs/planning.md) is bounded so a change to it shows."""
+    CP 4's known excess over the published figure (planned as the SDPA ring attention it ran,
+    whose published step time grows faster than its modeled work, docs/planning.md) is bounded
+    so a change to it shows."""
     rows = [r for r in plan_calibration.rows() if r["table"] == "2" and r["cp"] in ("1", "2", "4")]
     results = {r["cp"]: r for r in plan_calibration.run(rows)}
     for cp in ("1", "2"):
