@@ -95,17 +95,17 @@ def _padded_lse(lse, compute_log_sumexp: bool) -> torch.Tensor:
     return padded
 
 
-def _additive_mask(query, key, bias, causal: Optional[str]):
-    """The float mask the scores get (a bias and/or a causal mask aligned ``top_left`` or
-    ``bottom_right``), None when there is neither."""
+def _additive_mask(query, key, bias, causal: Optional[str], dtype=torch.float32):
+    """The mask in ``dtype`` the scores get (a bias and/or a causal mask aligned ``top_left``
+    or ``bottom_right``), None when there is neither."""
     lq, lk = query.shape[-2], key.shape[-2]
     mask = None
     if causal is not None:
         i = torch.arange(lq).unsqueeze(1) + (lk - lq if causal == "bottom_right" else 0)
         keep = torch.arange(lk).unsqueeze(0) <= i
-        mask = torch.zeros(lq, lk, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+        mask = torch.zeros(lq, lk, dtype=dtype).masked_fill(~keep, float("-inf"))
     if bias is not None:
-        mask = bias.float() if mask is None else bias.float() + mask
+        mask = bias.to(dtype) if mask is None else bias.to(dtype) + mask
     return mask
 
 
@@ -308,14 +308,7 @@ _LSE_ALIGN = 32  # the kernel's log-sum-exp rows are padded to a multiple of 32 
 
 def _efficient_attend(query, key, value, bias, mask_kind, scale):
     """Output and float32 log-sum-exp of (batch, heads, length, dim) tensors."""
-    lq, lk = query.shape[-2], key.shape[-2]
-    additive = None
-    if mask_kind is not None:
-        i = torch.arange(lq).unsqueeze(1) + (lk - lq if mask_kind == "bottom_right" else 0)
-        keep = torch.arange(lk).unsqueeze(0) <= i
-        additive = torch.zeros(lq, lk, dtype=query.dtype).masked_fill(~keep, float("-inf"))
-    if bias is not None:
-        additive = bias.to(query.dtype) if additive is None else bias.to(query.dtype) + additive
+    additive = _additive_mask(query, key, bias, mask_kind, dtype=query.dtype)
     out = torch.ops.aten._scaled_dot_product_attention_math(
         query, key, value, additive, 0.0, False, None, scale=scale)[0]
     with torch.no_grad():

@@ -34,17 +34,26 @@ def sequence_order(seq_len: int, cp: int, load_balancer: Optional[str]) -> list[
         if blocks % (2 * cp):
             raise ValueError(f"context parallelism {cp} with head-tail load balancing needs the sequence "
                              f"({seq_len}) to be a multiple of 2 x {cp} x {BLOCK}")
-        chunk = blocks // (2 * cp)
-        return [list(range(r * chunk, (r + 1) * chunk)) + list(range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk))
-                for r in range(cp)]
+        return _shards(blocks, cp, balancer)
     if balancer is None:
         if blocks % cp:
             raise ValueError(f"context parallelism {cp} needs the sequence ({seq_len}) to be a multiple "
                              f"of {cp} x {BLOCK}")
-        chunk = blocks // cp
-        return [list(range(r * chunk, (r + 1) * chunk)) for r in range(cp)]
+        return _shards(blocks, cp, balancer)
     raise ValueError(f"context-parallel load balancer {load_balancer!r} is not modeled "
                      "(modeled: 'headtail', or none)")
+
+
+def _shards(units: int, cp: int, balancer: Optional[str]) -> list[list[int]]:
+    """For each CP rank, the indices of the ``units`` (tokens or blocks) it holds, in its local
+    order: with ``headtail``, chunks r and 2cp - 1 - r of 2 x cp equal chunks; with none, chunk
+    r of cp.  ``units`` divides into those chunks (the callers check, with their own words)."""
+    if balancer == "headtail":
+        chunk = units // (2 * cp)
+        return [list(range(r * chunk, (r + 1) * chunk)) + list(range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk))
+                for r in range(cp)]
+    chunk = units // cp
+    return [list(range(r * chunk, (r + 1) * chunk)) for r in range(cp)]
 
 
 def _block_counts(query_blocks: list[int], key_blocks: list[int]) -> tuple[int, int]:
@@ -108,9 +117,8 @@ def causal_block_mask(batch: int, seq_len: int, cp: int = 1, load_balancer: Opti
 def ring_positions(batch: int, seq_len: int, cp: int, load_balancer: Optional[str] = "headtail",
                    rank: int = 0):
     """The global token positions CP rank ``rank`` holds under SDPA's ring attention, as
-    TorchTitan's ``cp_shard`` shards them: with ``headtail``, chunks ``rank`` and
-    ``2 cp - 1 - rank`` of ``2 cp`` equal chunks; without a load balancer, chunk ``rank`` of
-    ``cp``.  (batch, seq_len // cp), for RoPE."""
+    TorchTitan's ``cp_shard`` shards them (:func:`_shards`, token by token: SDPA has no
+    blocks).  (batch, seq_len // cp), for RoPE."""
     import torch
 
     balancer = (load_balancer or "").lower() or None
@@ -120,11 +128,5 @@ def ring_positions(batch: int, seq_len: int, cp: int, load_balancer: Optional[st
     if seq_len % (2 * cp if balancer else cp):
         raise ValueError(f"seq_len {seq_len} does not split into {2 * cp if balancer else cp} equal "
                          f"context-parallel chunks")
-    if balancer:
-        chunk = seq_len // (2 * cp)
-        starts = (rank * chunk, (2 * cp - 1 - rank) * chunk)
-    else:
-        chunk = seq_len // cp
-        starts = (rank * chunk,)
-    local = torch.cat([torch.arange(start, start + chunk) for start in starts])
+    local = torch.tensor(_shards(seq_len, cp, balancer)[rank])
     return local.view(1, -1).expand(batch, -1).contiguous()
