@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves, tree_map
@@ -40,6 +40,11 @@ from .collectives import describe_collective
 from .compute import (_COMMUNICATION_NAMESPACES, OpCost, OpRecord, _mutated_tensors, describe_op, flop_formula,
                       model_op)
 from .gpu_compute import GpuCompute, compute_of
+from .host_values import HostValues
+
+
+class HostValueUnknown(ValueError):
+    """The program read a GPU value back to the host that fake tensors do not have."""
 
 
 def _buffers(values) -> tuple:
@@ -113,6 +118,9 @@ class OpRecorder(TorchDispatchMode):
         # >0 while a functional collective (recorded as that op) runs: the process group call
         # it makes underneath is the same collective (fakegpu.plan.generic's observer skips it)
         self.running_functional_collective = 0
+        # the values of small integer tensors that follow from the program (a balanced
+        # router's token counts), for the .item() / .tolist() reads that need them
+        self.host_values = HostValues()
 
     def __enter__(self):
         unseen = _dtensor_shape_inference_unseen()
@@ -153,6 +161,9 @@ class OpRecorder(TorchDispatchMode):
         if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))
                if isinstance(t, torch.Tensor)):
             return NotImplemented     # the subclass runs it; its inner ops come back here
+        value = self.host_values.scalar(func, args)
+        if value is not None:
+            return value              # a host read of a value the program's structure gives
         if (isinstance(func, torch._ops.OpOverload) and flop_formula(func) is None
                 and func is not torch.ops.prim.device.default):
             with self:
@@ -172,8 +183,15 @@ class OpRecorder(TorchDispatchMode):
         self.running_functional_collective += functional
         try:
             out = func(*args, **kwargs)
+        except DataDependentOutputException:
+            raise HostValueUnknown(
+                f"the program reads a GPU value back to the host ({func}: .item(), .tolist() or a "
+                "Python condition on a tensor) that fake tensors do not have; fgpu plan knows the "
+                "values of counts a balanced top-k router gives and of constants, not of data or "
+                "of results computed from activations") from None
         finally:
             self.running_functional_collective -= functional
+        self.host_values.after(func, args, kwargs, out)
         if getattr(func, "namespace", None) != "prim":     # prim.device and the like: no GPU work
             record = describe_op(func, args, kwargs, out)
             if record.kind in ("view", "no_kernel"):

@@ -10,8 +10,10 @@ its :class:`OpCost` on one GPU.  :func:`op_cost` does both.
 * flops: torch's own formulas (``torch.utils.flop_counter.flop_registry``: matmuls,
   convolutions, SDPA / flash / efficient / cudnn attention forward and backward, flex
   attention); the CPU build's flash attention (what ``scaled_dot_product_attention`` runs on
-  fake CPU tensors) is counted and modeled as the GPU's.  Other ops count 0 FLOPs and are
-  bound by memory.
+  fake CPU tensors) is counted and modeled as the GPU's.  torch has no formula for the grouped
+  matmuls of mixture-of-experts layers (``_grouped_mm``, ``_scaled_grouped_mm``): each output
+  element of a group is a K-long dot product, 2 x K FLOPs (:func:`grouped_mm_flops`).  Other ops
+  count 0 FLOPs and are bound by memory.
 * bytes: the op's distinct tensor inputs plus its distinct tensor outputs (an in-place op
   reads and writes its tensor).  A view (outputs that only alias inputs), an allocation
   (``empty``) and a metadata query move nothing and launch no kernel.
@@ -23,6 +25,9 @@ its :class:`OpCost` on one GPU.  :func:`op_cost` does both.
 * efficiency of a matmul: ``BASE_EFFICIENCY`` x tile fill (a partial ``TILE`` of the output
   computes a whole one) x wave fill (tiles are spread over the SMs in waves; a last partial
   wave takes as long as a full one).
+* a grouped matmul is costed as ``groups`` matmuls of one group's share: its rows (or, grouped
+  along K, its reduction) split evenly over the groups, as a balanced router gives them
+  (the offsets' values are not known on fake tensors).
 * efficiency of attention (flash-style kernels: one block of ``ATTENTION_BLOCK`` query rows
   per thread block forward, one block of key rows backward, over batch x heads):
   ``ATTENTION_FWD_EFFICIENCY`` or ``ATTENTION_BWD_EFFICIENCY`` x block fill x wave fill.  A
@@ -68,6 +73,9 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 # (operand a, operand b) positions of each matmul; M x K times K x N, batched for bmm
 _MATMUL_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_scaled_mm": (0, 1)}
 _MATMULS = set(_MATMUL_OPERANDS)
+# mixture-of-experts grouped matmuls: (M x K) x (G x K x N), (G x M x K) x (G x K x N), (G x M x K)
+# x (K x N·G) and, grouped along K (the weight gradient), (M x K·G) x (K·G x N) -> G x M x N
+GROUPED_MATMULS = {"_grouped_mm", "_scaled_grouped_mm"}
 _CONVOLUTIONS = {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                  "cudnn_convolution", "_slow_conv2d_forward"}
 # The CPU build's kernels for the same computation as a GPU op with a FLOP formula.
@@ -188,10 +196,32 @@ def _mutated_tensors(func, args, kwargs) -> list:
                      if a.alias_info is not None and a.alias_info.is_write])
 
 
+def _grouped_split(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[int, str]:
+    """(groups, which side the groups split) of a grouped matmul: "rows" of a 2-D first operand,
+    "batch" when both are 3-D, "columns" of a 2-D second operand, "k" when both are 2-D."""
+    if a.dim() == 2 and b.dim() == 3:
+        return int(b.shape[0]), "rows"
+    if a.dim() == 3 and b.dim() == 3:
+        return int(a.shape[0]), "batch"
+    if a.dim() == 3 and b.dim() == 2:
+        return int(a.shape[0]), "columns"
+    return (int(out.shape[0]) if out.dim() == 3 else 1), "k"
+
+
+def grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:
+    """FLOPs of ``_grouped_mm`` / ``_scaled_grouped_mm``: 2 x K per output element of a group
+    (grouped along K, each group's output sums over its share of K only)."""
+    groups, split = _grouped_split(a, b, out_val)
+    k = int(a.shape[-1])
+    return 2 * int(out_val.numel()) * (k // max(1, groups) if split == "k" else k)
+
+
 def flop_formula(func):
     """torch's FLOP formula for ``func`` (the GPU op's for a CPU kernel of the same math), or None."""
     packet = getattr(func, "overloadpacket", func)
     formula = flop_registry.get(packet)
+    if formula is None and _packet_name(func) in GROUPED_MATMULS:
+        formula = grouped_mm_flops
     if formula is None and _packet_name(func) in _SAME_AS:
         formula = flop_registry.get(_SAME_AS[_packet_name(func)])
     return formula
@@ -215,6 +245,23 @@ def _matmul_geometry(name, args, out) -> tuple[Optional[tuple], Optional[torch.T
         return None, a
     batch = math.prod(result.shape[:-2]) if result.dim() > 2 else 1
     return (int(batch), int(result.shape[-2]), int(result.shape[-1]), int(a.shape[-1])), a
+
+
+def _grouped_matmul_geometry(args, out) -> tuple[Optional[tuple], Optional[torch.Tensor]]:
+    """(groups, rows, columns, K) of one group's matmul, the groups' share split evenly."""
+    a, b = (args[0], args[1]) if len(args) > 1 else (None, None)
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None, a if isinstance(a, torch.Tensor) else None
+    groups, split = _grouped_split(a, b, out)
+    g = max(1, groups)
+    m, n, k = int(out.shape[-2]), int(out.shape[-1]), int(a.shape[-1])
+    if split == "rows":
+        m = math.ceil(m / g)
+    elif split == "columns":
+        n = math.ceil(n / g)
+    elif split == "k":
+        k = math.ceil(k / g)
+    return (g, m, n, k), a
 
 
 def _attention_geometry(name, named) -> tuple[Optional[tuple], Optional[torch.Tensor]]:
@@ -281,8 +328,9 @@ def describe_op(func, args, kwargs, out) -> OpRecord:
     flops = op_flops(func, args, kwargs, out)
     if not flops:
         return OpRecord(str(func), name, "memory", *shapes, 0, nbytes)
-    if name in _MATMULS:
-        geometry, operand = _matmul_geometry(name, args, out)
+    if name in _MATMULS or name in GROUPED_MATMULS:
+        geometry, operand = (_grouped_matmul_geometry(args, out) if name in GROUPED_MATMULS
+                             else _matmul_geometry(name, args, out))
         return OpRecord(str(func), name, "matmul", *shapes, flops, nbytes, _math_kind(operand),
                         bool(torch.backends.cuda.matmul.allow_tf32), matmul=geometry)
     if name in _CONVOLUTIONS:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Sequence
 
-from .compute import OpRecord
+from .compute import GROUPED_MATMULS, OpRecord
 
 _FUSIBLE_PHASES = ("forward", "backward", "loss")
 # float8_cast: the casts the Float8 options add are priced as compiled casts already
@@ -227,8 +227,9 @@ def _chunk(geometry, chunks: int, rest: bool = False):
 
 def _becomes_float8(record: OpRecord, excluded: set) -> bool:
     """Whether ``float8_matmuls`` moves this matmul to the FP8 tensor cores."""
+    # TorchTitan's Float8 linear converter leaves the experts' grouped matmuls in bf16
     return (record.kind == "matmul" and record.math == "bf16" and record.matmul is not None
-            and not excluded & set(record.matmul[1:]))
+            and record.name not in GROUPED_MATMULS and not excluded & set(record.matmul[1:]))
 
 
 def _cast_factor(compiled: bool) -> float:

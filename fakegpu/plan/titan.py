@@ -503,12 +503,24 @@ def _clip_grad_norm(model, parallel_dims) -> None:
     if params:
         pp_mesh = parallel_dims.get_optional_mesh("pp") if parallel_dims.pp > 1 else None
         with torch.no_grad():
-            clip_grad_norm_(params, 1.0, foreach=True, pp_mesh=pp_mesh)
+            # with expert parallelism the experts' gradients live on another mesh than the
+            # dense ones: TorchTitan's clipping norms each mesh's separately (ep_enabled)
+            clip_grad_norm_(params, 1.0, foreach=True, pp_mesh=pp_mesh,
+                            ep_enabled=bool(getattr(parallel_dims, "ep_enabled", False)))
 
 
 def _titan_flops(model_config, model, seq: int, parallel_dims) -> tuple[int, int]:
-    """(parameters, FLOPs per token) as TorchTitan's trainer counts them for its MFU: 6 x the
-    non-embedding parameters + 12 x layers x heads x head dim x sequence."""
+    """(parameters, FLOPs per token) as TorchTitan's trainer counts them for its MFU: the model
+    config's own ``get_nparams_and_flops`` (a mixture of experts counts the experts a token is
+    routed to, not all of them), else 6 x the non-embedding parameters + 12 x layers x heads x
+    head dim x sequence."""
+    own = getattr(model_config, "get_nparams_and_flops", None)
+    if callable(own):
+        try:
+            nparams, flops = own(model, seq)
+            return int(nparams), int(flops)
+        except (NotImplementedError, AttributeError, AssertionError, TypeError):
+            pass                  # a config whose counting needs what this model lacks: the rule below
     layers = len(model_config.layers)
     attention = model_config.layers[0].attention if layers else None
     heads = int(getattr(attention, "n_heads", 0) or 0)

@@ -295,3 +295,49 @@ def test_a_full_size_llama3_8b_layer_counts_6NT_plus_attention():
     assert [r.attention for r in est.records if r.kind == "attention"] == \
         [(heads, seq, seq, True, False), (heads, seq, seq, True, True)]
     assert 0.4 < est.flops / est.seconds / 989e12 < 0.75      # below the 0.75 matmul base: attention, memory
+
+
+# -- mixture-of-experts grouped matmuls ------------------------------------------------------------
+
+def _grouped(a_shape, b_shape, groups):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(a_shape, dtype=torch.bfloat16)
+        b = torch.empty(b_shape, dtype=torch.bfloat16)
+        offs = torch.empty(groups, dtype=torch.int32)
+        out = aten._grouped_mm.default(a, b, offs)
+        return compute.describe_op(aten._grouped_mm.default, (a, b, offs), {}, out), tuple(out.shape)
+
+
+def test_a_grouped_matmul_counts_2K_per_output_element_of_its_group():
+    # the experts' forward: 65,536 routed rows, 128 experts of 2048 -> 768
+    record, shape = _grouped((65536, 2048), (128, 2048, 768), 128)
+    assert shape == (65536, 768) and record.kind == "matmul" and record.math == "bf16"
+    assert record.flops == 2 * 65536 * 2048 * 768
+    assert record.matmul == (128, 512, 768, 2048)        # each expert gets 65,536 / 128 rows
+    # the weight gradient, grouped along K: (2048 x 65,536) x (65,536 x 768) -> 128 x 2048 x 768
+    record, shape = _grouped((2048, 65536), (65536, 768), 128)
+    assert shape == (128, 2048, 768)
+    assert record.flops == 2 * 65536 * 2048 * 768          # each group sums over its 512 rows
+    assert record.matmul == (128, 2048, 768, 512)
+
+
+def test_a_grouped_matmul_is_costed_as_its_groups_matmuls():
+    record, _ = _grouped((65536, 2048), (128, 2048, 768), 128)
+    cost = compute.model_op(record, H100)
+    # 128 groups x 4 x 6 tiles of 128 x 128 = 3,072 tiles over 132 SMs: 24 waves, the last 36
+    assert cost.efficiency == pytest.approx(0.75 * 3072 / (24 * 132), rel=1e-12)
+    assert cost.compute_seconds == pytest.approx(record.flops / (989e12 * cost.efficiency), rel=1e-12)
+    # it reads every expert's weights once: 403 MB of weights, 268 MB in, 101 MB out, about as
+    # long on HBM as on the tensor cores (and the 128 int32 offsets)
+    nbytes = (65536 * 2048 + 128 * 2048 * 768 + 65536 * 768) * 2 + 128 * 4
+    assert record.bytes == nbytes
+    assert cost.seconds == pytest.approx(max(cost.compute_seconds, cost.memory_seconds) + LAUNCH_S, rel=1e-12)
+
+
+def test_float8_leaves_the_experts_grouped_matmuls_in_bf16():
+    from fakegpu.plan.options import float8_matmuls
+
+    record, _ = _grouped((65536, 2048), (128, 2048, 768), 128)
+    assert float8_matmuls([record]) == [record]
