@@ -67,6 +67,60 @@ def test_plan_of_a_gpu_style_torchrun_script(tmp_path, shim_library):
     assert "compute stream" in streams and any(s.startswith("comm stream") for s in streams)
 
 
+# A mixture-of-experts layer with expert parallelism, written for GPUs: top-2 of 8 experts, 2
+# per rank, the tokens sent to their experts' ranks by an all-to-all whose split sizes are the
+# token counts read to the host (.tolist()), the experts run as grouped matmuls.
+MOE_SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.manual_seed(dist.get_rank())
+    world, group = dist.get_world_size(), dist.group.WORLD
+    E, D, H, T, K = 8, 256, 512, 1024, 2
+    local = E // world
+    router = torch.nn.Linear(D, E, bias=False).cuda().bfloat16()
+    w1 = torch.nn.Parameter(torch.randn(local, D, H, device="cuda", dtype=torch.bfloat16) * 0.02)
+    w2 = torch.nn.Parameter(torch.randn(local, H, D, device="cuda", dtype=torch.bfloat16) * 0.02)
+    opt = torch.optim.AdamW([*router.parameters(), w1, w2], lr=1e-3)
+    for step in range(3):
+        x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
+        scores, ids = torch.topk(router(x).float().softmax(-1), K, dim=-1)
+        counts = torch.zeros(E, dtype=torch.int64, device="cuda").scatter_add_(
+            0, ids.flatten(), torch.ones_like(ids.flatten()))
+        order = torch.argsort(ids.flatten(), stable=True)
+        received = funcol.all_to_all_single(counts, None, None, group=group).wait()
+        in_splits = counts.view(world, local).sum(1).tolist()
+        out_splits = received.view(world, local).sum(1).tolist()
+        tokens = funcol.all_to_all_single_autograd(x[order // K], out_splits, in_splits, group=group)
+        offs = torch.cumsum(received.view(world, local).sum(0), 0, dtype=torch.int32)
+        h = torch._grouped_mm(tokens, w1, offs)
+        y = torch._grouped_mm(torch.nn.functional.silu(h), w2, offs)
+        back = funcol.all_to_all_single_autograd(y, in_splits, out_splits, group=group)
+        out = torch.zeros_like(x).index_add_(0, order // K, back * scores.flatten()[order, None].to(back.dtype))
+        out.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if dist.get_rank() == 0:
+            print("rows", sum(out_splits))
+""")
+
+
+def test_plan_of_an_expert_parallel_moe_script_counts_its_grouped_matmuls(tmp_path, shim_library):
+    (tmp_path / "moe.py").write_text(MOE_SCRIPT)
+    done = _plan(tmp_path, shim_library, ["--json", "--cluster-config", "h100-1node-8gpu-nvlink",
+                                          "--tokens-per-step", "1024", "--", "torchrun", "--nproc-per-node",
+                                          "4", "moe.py"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads(done.stdout)
+    rows = int([line for line in done.stderr.splitlines() if line.startswith("rows ")][-1].split()[1])
+    d, h, t, e, k = 256, 512, 1024, 8, 2
+    # the router: forward and weight gradient (x needs no gradient); the experts' rows this rank
+    # received: both grouped matmuls forward, both weight gradients, the second's input gradient
+    assert plan["flops_per_step"] == 2 * (2 * t * d * e) + 5 * (2 * rows * d * h)
+    assert plan["communication_seconds"]["default_pg"] > 0
+
+
 # Two attention blocks trained under torch's context_parallel (SDPA's ring attention) on a
 # 4-rank cp mesh, bf16, 2 x 2048 tokens per step (512 per rank).
 CP_SCRIPT = textwrap.dedent("""
@@ -176,6 +230,32 @@ def test_plan_of_torchtitan_llama3_debug_model(tmp_path, shim_library):
     assert plan["communication_seconds"]["tp"] > 0
     assert plan["exposed_communication_by_group"]["tp"] > 0
     assert 0 < plan["peak_memory_reserved_gib"] < 2 and plan["fits"]
+
+
+@pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
+def test_plan_of_torchtitan_deepseek_v3_with_expert_parallelism(tmp_path, shim_library):
+    args = ["-m", "torchtitan.train", "--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
+            "--parallelism.expert_parallel_degree", "4", "--training.local_batch_size", "2",
+            "--training.disable_cuda_graphs"]
+    done = _plan(tmp_path, shim_library, ["--json", "--cluster-config", "h100-1node-8gpu-nvlink", "--",
+                                          "torchrun", "--nproc-per-node", "8", *args])
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads(done.stdout)
+    # MFU counts the experts a token is routed to, as TorchTitan's own counting does
+    import copy
+
+    import torch
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(args[2:])
+    model_config = copy.deepcopy(config.model_spec.model)
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    nparams, flops = model_config.get_nparams_and_flops(model, config.training.seq_len)
+    assert (plan["nparams"], plan["flops_per_token"]) == (nparams, flops)
+    assert plan["mfu"] == pytest.approx(flops * plan["tokens_per_second_per_gpu"] / 989e12)
+    assert plan["exposed_communication_seconds"] > 0 and plan["fits"]
 
 
 @pytest.mark.skipif(not HAS_TORCHTITAN, reason="TorchTitan 0.3.0 is not installed")
